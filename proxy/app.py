@@ -1,0 +1,65 @@
+"""The ASGI application: wiring only. ``create_app`` builds everything from its arguments."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import httpx
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from proxy import tokens
+from proxy.config import Settings
+from proxy.exchange import Recorder
+from proxy.metrics import Metrics
+from proxy.rewrite import Pipeline, Transform
+from proxy.routes import CHAT_ROUTE, Handlers
+from proxy.upstream import Upstream
+
+PASSTHROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+
+
+def default_transforms(settings: Settings) -> list[Transform]:
+    """The rewrite pipeline, in order. Empty until the rewrites land."""
+    return []
+
+
+def create_app(
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    registry: CollectorRegistry | None = None,
+    transforms: Sequence[Transform] | None = None,
+) -> FastAPI:
+    """The proxy app. ``transport`` replaces the upstream connection (tests), ``registry``
+    the metrics registry, ``transforms`` the rewrite pipeline."""
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = Metrics(registry, model_label_limit=settings.model_label_limit)
+    upstream = Upstream(settings, transport)
+    pipeline = Pipeline(
+        default_transforms(settings) if transforms is None else transforms,
+        disabled=settings.disabled_rewrites,
+    )
+    handlers = Handlers(settings, upstream, pipeline, Recorder(metrics))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tokens.provision(settings.tiktoken_cache_dir)
+        yield
+        await upstream.aclose()
+
+    # No docs routes: /docs and /openapi.json must reach the upstream like any other path.
+    app = FastAPI(
+        title="prefill-proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    # Plain Starlette routes: the handlers read the body themselves (size limit, raw bytes),
+    # so FastAPI's parameter machinery would only add per-request cost.
+    app.add_route(CHAT_ROUTE, handlers.chat_completions, methods=["POST"])
+    app.add_route("/health", handlers.health, methods=["GET"])
+    app.add_route("/ready", handlers.ready, methods=["GET"])
+    app.add_route("/metrics", handlers.metrics, methods=["GET"])
+    app.add_route("/{path:path}", handlers.passthrough, methods=PASSTHROUGH_METHODS)
+    return app

@@ -1,0 +1,81 @@
+"""The ``prefill-proxy`` command: ``serve`` runs the proxy."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from proxy import __version__, config
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from proxy.app import create_app
+
+    settings = config.from_arguments(args)
+    setup_logging(settings.log_level)
+    logging.getLogger("prefill_proxy").info(
+        "prefill-proxy %s on http://%s:%d -> %s",
+        __version__,
+        settings.host,
+        settings.port,
+        settings.upstream_base,
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        access_log=False,  # the proxy writes its own line per request, with tokens and timing
+        server_header=False,  # the upstream's Server and Date headers pass through instead
+        date_header=False,
+        timeout_keep_alive=65,  # outlive clients' idle keep-alive, so they close first
+    )
+    return 0
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prefill-proxy",
+        description="OpenAI-compatible proxy that makes vLLM's prefix cache hit for agents.",
+    )
+    parser.add_argument("--version", action="version", version=f"prefill-proxy {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="run the proxy",
+        description="Run the proxy. Each option can also be set by the environment variable "
+        "shown, or in the YAML file given by --config; the command line wins, then the "
+        "environment, then the file.",
+    )
+    config.add_arguments(serve)
+    serve.set_defaults(run=_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except config.SettingsError as error:
+        parser.exit(2, f"prefill-proxy: {error}\n")
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Settings: one frozen object, read from defaults < YAML file < environment < command line.
+
+This is the only module that reads ``os.environ``. Every field carries its own help text,
+so ``--help``, the environment names and the README table all come from one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENV_PREFIX = "PREFILL_PROXY_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used."""
+
+
+def _setting(default: Any, help: str) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    upstream: str = _setting(
+        "http://127.0.0.1:8000", "Base URL of the OpenAI-compatible engine (vLLM)."
+    )
+    host: str = _setting("127.0.0.1", "Address the proxy listens on.")
+    port: int = _setting(8080, "Port the proxy listens on.")
+    log_level: str = _setting("info", "Log level: debug, info, warning, error.")
+    log_bodies: bool = _setting(
+        False, "Log prompt and completion text (debugging only; off in production)."
+    )
+    max_body_bytes: int = _setting(
+        64 * 1024 * 1024, "Largest request body accepted; larger ones get 413."
+    )
+    connect_timeout: float = _setting(10.0, "Seconds to open a connection to the upstream.")
+    read_timeout: float = _setting(
+        600.0,
+        "Seconds to wait for the next bytes from the upstream (a non-streamed reply "
+        "arrives only when it is complete, so this bounds a whole non-stream request).",
+    )
+    total_timeout: float = _setting(
+        3600.0, "Seconds a whole upstream exchange may take, streams included; 0 = no limit."
+    )
+    max_connections: int = _setting(
+        2048, "Upstream connection pool size (one connection per concurrent stream)."
+    )
+    keepalive_expiry: float = _setting(
+        4.0,
+        "Seconds an idle upstream connection is kept; keep it under the upstream's own "
+        "keep-alive (vLLM: 5 s) so the proxy never reuses a connection being closed.",
+    )
+    ready_path: str = _setting("/health", "Upstream path that /ready probes (vLLM serves /health).")
+    rewrite: bool = _setting(
+        True, "Apply the rewrite pipeline to /v1/chat/completions (false: pure passthrough)."
+    )
+    disabled_rewrites: tuple[str, ...] = _setting(
+        (), "Rewrite transforms to switch off, by name (comma-separated in env and CLI)."
+    )
+    model_label_limit: int = _setting(
+        32, "Distinct model names used as metric labels; later ones count as 'other'."
+    )
+    tiktoken_cache_dir: str = _setting(
+        "",
+        "Where tiktoken's encoding files live; empty: a folder under the user cache, "
+        "provisioned from the bpe-openai package.",
+    )
+
+    def __post_init__(self) -> None:
+        if not self.upstream.startswith(("http://", "https://")):
+            raise SettingsError(f"upstream must be an http(s) URL, got {self.upstream!r}")
+        if self.max_body_bytes <= 0:
+            raise SettingsError("max_body_bytes must be positive")
+        for name in ("connect_timeout", "read_timeout", "keepalive_expiry"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be positive")
+        if self.total_timeout < 0:
+            raise SettingsError("total_timeout must be >= 0 (0 = no limit)")
+        if self.max_connections < 1:
+            raise SettingsError("max_connections must be at least 1")
+
+    @property
+    def upstream_base(self) -> str:
+        return self.upstream.rstrip("/")
+
+
+def fields() -> tuple[dataclasses.Field[Any], ...]:
+    return dataclasses.fields(Settings)
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def _convert(field: dataclasses.Field[Any], raw: Any) -> Any:
+    """Turn a YAML, environment or command-line value into the field's type."""
+    kind = field.type
+    try:
+        if kind == "bool":
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"not a boolean: {raw!r}")
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind.startswith("tuple"):
+            items = raw.split(",") if isinstance(raw, str) else list(raw)
+            return tuple(str(item).strip() for item in items if str(item).strip())
+        return str(raw)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{field.name}: {exc}") from exc
+
+
+def _from_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path} must hold a mapping")
+    known = {f.name for f in fields()}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SettingsError(f"unknown settings in {path}: {', '.join(unknown)}")
+    return data
+
+
+def load(
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    config_file: str | None = None,
+) -> Settings:
+    """Build Settings from defaults, then a YAML file, then the environment, then overrides."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, Any] = {}
+    config_file = config_file or environ.get(CONFIG_ENV)
+    if config_file:
+        raw.update(_from_yaml(Path(config_file)))
+    for field in fields():
+        if env_name(field.name) in environ:
+            raw[field.name] = environ[env_name(field.name)]
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    by_name = {f.name: f for f in fields()}
+    return Settings(**{name: _convert(by_name[name], value) for name, value in raw.items()})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One option per setting; unset options fall back to env, file and default."""
+    parser.add_argument(
+        "--config", metavar="FILE", help=f"YAML file with settings (env {CONFIG_ENV})."
+    )
+    for field in fields():
+        flag = "--" + field.name.replace("_", "-")
+        help_text = (
+            f"{field.metadata['help']} [env {env_name(field.name)}; default {_default_text(field)}]"
+        )
+        parser.add_argument(flag, dest=field.name, default=None, metavar="VALUE", help=help_text)
+
+
+def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
+    overrides = {f.name: getattr(args, f.name, None) for f in fields()}
+    return load(overrides, environ=environ, config_file=getattr(args, "config", None))
+
+
+def _default_text(field: dataclasses.Field[Any]) -> str:
+    value = field.default
+    if isinstance(value, tuple):
+        return ",".join(value) or "(none)"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value) if value != "" else "(empty)"
+
+
+def reference_rows() -> Sequence[tuple[str, str, str, str]]:
+    """(setting, environment variable, default, meaning) for the README's table."""
+    return [(f.name, env_name(f.name), _default_text(f), f.metadata["help"]) for f in fields()]

@@ -1,0 +1,65 @@
+"""The proxy's exception tree and its OpenAI-style error bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy import jsonio
+
+
+class ProxyError(Exception):
+    """An error the proxy answers itself, rendered as ``{"error": {...}}``."""
+
+    status = 500
+    type = "proxy_error"
+    code = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.code)
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_json"
+
+
+class BodyTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamError(ProxyError):
+    """The upstream could not be used; ``kind`` labels the error metric."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unavailable"
+    kind = "connect"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+    kind = "timeout"
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The upstream broke the exchange after it started (reset, truncated stream)."""
+
+    code = "upstream_broken"
+    kind = "read"
+
+
+def error_body(message: str, type_: str, code: str | int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+def sse_error_event(error: ProxyError) -> bytes:
+    """A stream's last words when the upstream fails mid-stream (vLLM's own shape)."""
+    return b"data: " + jsonio.dumps(error.body()) + b"\n\ndata: [DONE]\n\n"

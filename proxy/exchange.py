@@ -1,0 +1,142 @@
+"""One proxied request's record, and turning it into metrics and one log line when it ends."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from proxy import jsonio
+from proxy.metrics import Metrics
+
+access_log = logging.getLogger("prefill_proxy.access")
+
+
+@dataclasses.dataclass
+class Exchange:
+    """What happened to one request; filled in along the way, recorded once at the end."""
+
+    route: str
+    method: str
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+    model: str = ""
+    stream: bool = False
+    status: int = 0
+    overhead_s: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    token_gaps: list[float] = dataclasses.field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    rewrites: tuple[str, ...] = ()
+    rewrite_failures: tuple[str, ...] = ()
+    error_kind: str = ""
+    client_disconnected: bool = False
+
+    def mark_token(self, now: float) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = now
+        elif self.last_token_at is not None:
+            self.token_gaps.append(now - self.last_token_at)
+        self.last_token_at = now
+
+    @property
+    def overhead_ms_header(self) -> bytes:
+        return f"{(self.overhead_s or 0.0) * 1000:.3f}".encode()
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def token_counts(usage: dict[str, Any] | None) -> tuple[int, int, int] | None:
+    """(prompt, cached, completion) from an OpenAI usage object, or None without one."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    return _int(usage.get("prompt_tokens")), cached, _int(usage.get("completion_tokens"))
+
+
+class Recorder:
+    """Records a finished exchange: metrics, then the access log line."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def begin(self, route: str, method: str) -> Exchange:
+        self.metrics.in_flight.inc()
+        return Exchange(route, method)
+
+    def finish(self, exchange: Exchange) -> None:
+        ended = time.perf_counter()
+        m = self.metrics
+        m.in_flight.dec()
+        model = m.model_label(exchange.model or "unknown")
+        route = exchange.route
+        m.requests.labels(route, model, str(exchange.status)).inc()
+        m.request_duration.labels(route, model).observe(ended - exchange.started)
+        if exchange.overhead_s is not None:
+            m.overhead.labels(route).observe(exchange.overhead_s)
+        if exchange.error_kind:
+            m.upstream_errors.labels(exchange.error_kind).inc()
+        if exchange.client_disconnected:
+            m.client_disconnects.labels(route).inc()
+        for name in exchange.rewrites:
+            m.rewrites_applied.labels(name).inc()
+        for name in exchange.rewrite_failures:
+            m.rewrite_failures.labels(name).inc()
+        ttft = decode = None
+        if exchange.first_token_at is not None:
+            ttft = exchange.first_token_at - exchange.started
+            decode = (exchange.last_token_at or exchange.first_token_at) - exchange.first_token_at
+            m.time_to_first_token.labels(route, model).observe(ttft)
+            m.decode.labels(route, model).observe(decode)
+            itl = m.inter_token_latency.labels(route, model)
+            for gap in exchange.token_gaps:
+                itl.observe(gap)
+        counts = token_counts(exchange.usage)
+        if counts is not None:
+            prompt, cached, completion = counts
+            m.prompt_tokens.labels(route, model).inc(prompt)
+            m.cached_prompt_tokens.labels(route, model).inc(cached)
+            m.computed_prompt_tokens.labels(route, model).inc(max(prompt - cached, 0))
+            m.completion_tokens.labels(route, model).inc(completion)
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info(_log_line(exchange, ended, ttft, decode, counts))
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def _log_line(
+    exchange: Exchange,
+    ended: float,
+    ttft: float | None,
+    decode: float | None,
+    counts: tuple[int, int, int] | None,
+) -> str:
+    prompt, cached, completion = counts if counts is not None else (None, None, None)
+    record = {
+        "route": exchange.route,
+        "method": exchange.method,
+        "model": exchange.model or None,
+        "status": exchange.status,
+        "stream": exchange.stream,
+        "duration_ms": _ms(ended - exchange.started),
+        "overhead_ms": _ms(exchange.overhead_s),
+        "ttft_ms": _ms(ttft),
+        "decode_ms": _ms(decode),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "completion_tokens": completion,
+        "rewrites": list(exchange.rewrites),
+    }
+    if exchange.rewrite_failures:
+        record["rewrite_failures"] = list(exchange.rewrite_failures)
+    if exchange.error_kind:
+        record["upstream_error"] = exchange.error_kind
+    if exchange.client_disconnected:
+        record["client_disconnected"] = True
+    return jsonio.dumps(record).decode()

@@ -1,0 +1,74 @@
+"""Which headers cross the proxy, in each direction. Raw ASGI headers: lower-case bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+RawHeaders = Sequence[tuple[bytes, bytes]]
+
+OVERHEAD = "x-prefill-proxy-overhead-ms"
+
+# RFC 9110 section 7.6.1: connection-specific fields are not forwarded. Host and length are
+# set again for the new connection and body.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+    }
+)
+
+
+def _drop_set(headers: RawHeaders) -> frozenset[bytes]:
+    """Hop-by-hop names, plus any the Connection header lists."""
+    listed = [value for name, value in headers if name.lower() == b"connection"]
+    if not listed:
+        return _HOP_BY_HOP
+    extra = {token.strip().lower() for value in listed for token in value.split(b",")}
+    return _HOP_BY_HOP | extra
+
+
+def upstream_request(headers: RawHeaders, *, parsed_body: bool) -> list[tuple[bytes, bytes]]:
+    """Client headers for the upstream. A body the proxy re-encodes is sent as plain JSON,
+    and its reply asked for uncompressed, since the proxy reads it."""
+    drop = _drop_set(headers)
+    if parsed_body:
+        drop = drop | {b"accept-encoding", b"content-encoding"}
+    kept = [(name, value) for name, value in headers if name.lower() not in drop]
+    if parsed_body:
+        kept.append((b"accept-encoding", b"identity"))
+    return kept
+
+
+def client_response(
+    headers: RawHeaders, overhead_ms: bytes, *, keep_length: bool
+) -> list[tuple[bytes, bytes]]:
+    """Upstream response headers for the client, plus the proxy's overhead header."""
+    drop = _drop_set(headers)
+    if keep_length:
+        drop = drop - {b"content-length"}
+    kept = [(name.lower(), value) for name, value in headers if name.lower() not in drop]
+    kept.append((OVERHEAD.encode(), overhead_ms))
+    return kept
+
+
+def with_length(headers: Iterable[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    kept = [(name, value) for name, value in headers if name != b"content-length"]
+    kept.append((b"content-length", str(length).encode()))
+    return kept
+
+
+def is_event_stream(headers: RawHeaders) -> bool:
+    return any(
+        name.lower() == b"content-type" and value.lower().startswith(b"text/event-stream")
+        for name, value in headers
+    )

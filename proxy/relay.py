@@ -1,0 +1,130 @@
+"""Relaying an upstream response to the client: bytes as they arrive, timed, closed on exit."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from proxy import jsonio, sse
+from proxy.errors import UpstreamError, sse_error_event
+from proxy.exchange import Exchange
+from proxy.upstream import UpstreamResponse
+
+
+def _has_token(choice: Any) -> bool:
+    delta = choice.get("delta") if isinstance(choice, dict) else None
+    if not isinstance(delta, dict):
+        return False
+    return bool(
+        delta.get("content")
+        or delta.get("tool_calls")
+        or delta.get("reasoning_content")
+        or delta.get("reasoning")
+    )
+
+
+class ChatStreamWatcher:
+    """Reads each event of a chat-completion stream as it passes (no I/O): marks token
+    times and usage on the exchange, and drops the usage-only chunk when the proxy asked
+    for usage on the client's behalf. Every other byte is forwarded unchanged."""
+
+    def __init__(self, exchange: Exchange, *, strip_usage: bool) -> None:
+        self._exchange = exchange
+        self._strip_usage = strip_usage
+        self._splitter = sse.EventSplitter()
+        self.error: Any = None
+
+    def relay(self, chunk: bytes, now: float) -> bytes:
+        events = self._splitter.feed(chunk)
+        kept = [event for event in events if self._keep(event, now)]
+        return b"".join(kept)
+
+    def flush(self) -> bytes:
+        return self._splitter.flush()
+
+    def _keep(self, event: bytes, now: float) -> bool:
+        data = sse.event_data(event)
+        if data is None or data == sse.DONE:
+            return True
+        try:
+            payload = jsonio.loads(data)
+        except jsonio.InvalidJSON:
+            return True
+        if not isinstance(payload, dict):
+            return True
+        if "error" in payload:
+            self.error = payload["error"]
+            return True
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            self._exchange.usage = usage
+        choices = payload.get("choices")
+        if choices:
+            if any(_has_token(choice) for choice in choices):
+                self._exchange.mark_token(now)
+            return True
+        return not (self._strip_usage and isinstance(usage, dict))
+
+
+async def relay_chunks(
+    upstream: UpstreamResponse, exchange: Exchange, watcher: ChatStreamWatcher | None
+) -> AsyncIterator[bytes]:
+    """The upstream body, chunk by chunk. A failure mid-stream ends the client's stream
+    with an OpenAI-style error event (for SSE) instead of a hang or a silent cut."""
+    try:
+        async for chunk in upstream.iter_bytes():
+            if watcher is not None:
+                chunk = watcher.relay(chunk, time.perf_counter())
+            if chunk:
+                yield chunk
+        if watcher is not None and (rest := watcher.flush()):
+            yield rest
+        if watcher is not None and watcher.error is not None:
+            exchange.error_kind = "stream_error"
+    except UpstreamError as error:
+        exchange.error_kind = error.kind
+        if watcher is None:
+            raise  # not SSE: a cut connection is the only honest signal
+        yield sse_error_event(error)
+
+
+class RelayResponse(StreamingResponse):
+    """A streamed response that always closes its upstream and records the exchange,
+    however it ends: completed, upstream failure or client disconnect (Starlette cancels
+    the body iterator when the client goes away; closing upstream makes vLLM abort)."""
+
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        *,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        upstream: UpstreamResponse,
+        exchange: Exchange,
+        on_finish: Callable[[Exchange], None],
+    ) -> None:
+        super().__init__(body, status_code=status)
+        self.raw_headers = headers
+        self._upstream = upstream
+        self._exchange = exchange
+        self._on_finish = on_finish
+        self._completed = False
+
+    async def stream_response(self, send: Send) -> None:
+        await super().stream_response(send)
+        self._completed = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._upstream.aclose()
+            if not self._completed and not self._exchange.error_kind:
+                self._exchange.client_disconnected = True
+            self._on_finish(self._exchange)

@@ -1,0 +1,85 @@
+"""The rewrite pipeline: an ordered list of pure transforms, each switchable, failing open.
+
+A transform is ``(request, context) -> request | None``: it returns a new request dict
+when it changes something (it must not mutate its input) and None when it has nothing to
+do. It does no I/O, so the same input and context always give the same output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+log = logging.getLogger("prefill_proxy.rewrite")
+
+Request = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RewriteContext:
+    """What a transform may read besides the request (settings, later the session view)."""
+
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+class Transform(Protocol):
+    name: str
+
+    def __call__(self, request: Request, context: RewriteContext) -> Request | None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class RewriteResult:
+    request: Request
+    applied: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.applied)
+
+
+class Pipeline:
+    def __init__(self, transforms: Sequence[Transform], disabled: Iterable[str] = ()) -> None:
+        known = {t.name for t in transforms}
+        unknown = sorted(set(disabled) - known)
+        if unknown:
+            raise ValueError(f"unknown rewrites to disable: {', '.join(unknown)}")
+        self._transforms = tuple(t for t in transforms if t.name not in set(disabled))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self._transforms)
+
+    def __bool__(self) -> bool:
+        return bool(self._transforms)
+
+    def apply(self, request: Request, context: RewriteContext) -> RewriteResult:
+        """Run each transform in order. If one raises, the client's request goes upstream
+        unchanged (fail open): a half-rewritten request could break what later ones keep."""
+        original = request
+        applied: list[str] = []
+        for transform in self._transforms:
+            try:
+                rewritten = transform(request, context)
+            except Exception:  # a transform bug must never fail the agent's step
+                log.exception("rewrite %s failed; forwarding the request unchanged", transform.name)
+                return RewriteResult(original, (), (transform.name,))
+            if rewritten is not None and rewritten is not request:
+                request = rewritten
+                applied.append(transform.name)
+        return RewriteResult(request, tuple(applied))
+
+
+def transform(
+    name: str,
+) -> Callable[[Callable[[Request, RewriteContext], Request | None]], Transform]:
+    """Name a plain function as a transform."""
+
+    def wrap(function: Callable[[Request, RewriteContext], Request | None]) -> Transform:
+        function.name = name  # type: ignore[attr-defined]
+        return function  # type: ignore[return-value]
+
+    return wrap

