@@ -113,18 +113,31 @@ class RelayResponse(StreamingResponse):
         self._upstream = upstream
         self._exchange = exchange
         self._on_finish = on_finish
-        self._completed = False
+        self._ended = False
 
     async def stream_response(self, send: Send) -> None:
-        await super().stream_response(send)
-        self._completed = True
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        # Record before the last message, so a client that saw the end of the stream also
+        # sees this request in /metrics.
+        await self._end(completed=True)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             with anyio.CancelScope(shield=True):
-                await self._upstream.aclose()
-            if not self._completed and not self._exchange.error_kind:
-                self._exchange.client_disconnected = True
-            self._on_finish(self._exchange)
+                await self._end(completed=False)
+
+    async def _end(self, *, completed: bool) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        await self._upstream.aclose()
+        if not completed and not self._exchange.error_kind:
+            self._exchange.client_disconnected = True
+        self._on_finish(self._exchange)

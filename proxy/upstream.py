@@ -111,6 +111,9 @@ class UpstreamResponse:
 
     async def iter_bytes(self) -> AsyncIterator[bytes]:
         """Body chunks as they arrive, bounded by the read and total timeouts."""
+        if self._response.is_stream_consumed:  # a transport that read it all (MockTransport)
+            yield self._response.content
+            return
         chunks = self._response.aiter_raw().__aiter__()
         while True:
             try:

@@ -4,7 +4,8 @@ refuse, reset mid-stream, stall, answer 5xx. Also a fast upstream for the overhe
 Behaviour is chosen per request by the ``x-fault`` header (the proxy forwards it):
 ``reset-mid-stream``, ``stall-headers``, ``stall-mid-stream``, ``status-503``,
 ``status-400``. Without it, a deterministic chat completion (stream or not) with usage.
-It records every request it receives, so tests can check what the proxy forwarded.
+It records every request it receives, so tests can check what the proxy forwarded
+(``record=False`` turns that off, so a long benchmark run does not grow its memory).
 """
 
 from __future__ import annotations
@@ -86,15 +87,17 @@ def completion_body() -> bytes:
 class FakeUpstream:
     """Runs on its own event loop in a thread; ``url`` is set once it listens."""
 
-    def __init__(self, *, token_delay: float = 0.0) -> None:
+    def __init__(self, *, token_delay: float = 0.0, port: int = 0, record: bool = True) -> None:
         self.token_delay = token_delay
+        self.port = port  # 0: any free port
+        self.record = record
         self.received: list[Received] = []
         self.sent_events: list[list[bytes]] = []
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
         self._ready = threading.Event()
-        self._stall = asyncio.Event()  # never set: stalls last until the peer goes away
+        self.peer_closed = threading.Event()  # a stalled stream's client hung up
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> FakeUpstream:
@@ -110,7 +113,7 @@ class FakeUpstream:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024)
+            asyncio.start_server(self._handle, "127.0.0.1", self.port, backlog=1024)
         )
         port = self._server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
@@ -124,14 +127,26 @@ class FakeUpstream:
                 request = await _read_request(reader)
                 if request is None:
                     break
-                self.received.append(request)
-                keep_open = await self._respond(request, writer)
+                if self.record:
+                    self.received.append(request)
+                keep_open = await self._respond(request, reader, writer)
                 if not keep_open:
                     break
         with contextlib.suppress(Exception):
             writer.close()
 
-    async def _respond(self, request: Received, writer: asyncio.StreamWriter) -> bool:
+    async def _wait_for_peer_close(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Stall: send nothing more until the client (the proxy) closes the connection."""
+        await writer.drain()
+        while await reader.read(1024):
+            pass
+        self.peer_closed.set()
+
+    async def _respond(
+        self, request: Received, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
         fault = request.header("x-fault") or ""
         if fault.startswith("status-"):
             status = int(fault.removeprefix("status-"))
@@ -141,7 +156,8 @@ class FakeUpstream:
             await _send(writer, status, "application/json", body)
             return True
         if fault == "stall-headers":
-            await self._stall.wait()
+            await self._wait_for_peer_close(reader, writer)
+            return False
         if request.path.startswith("/v1/models"):
             body = json.dumps(
                 {
@@ -160,7 +176,8 @@ class FakeUpstream:
             return True
         include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
         events = stream_events(include_usage)
-        self.sent_events.append(events)
+        if self.record:
+            self.sent_events.append(events)
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
             b"transfer-encoding: chunked\r\n\r\n"
@@ -170,8 +187,8 @@ class FakeUpstream:
                 writer.transport.abort()  # RST: the connection dies mid-stream
                 return False
             if index == 2 and fault == "stall-mid-stream":
-                await writer.drain()
-                await self._stall.wait()
+                await self._wait_for_peer_close(reader, writer)
+                return False
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
             await writer.drain()
             if self.token_delay:

@@ -1,0 +1,167 @@
+"""The proxy over real sockets against an upstream that misbehaves on demand."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import openai
+import pytest
+
+from tests.support.fake_upstream import WORDS, stream_events
+
+CHAT = "/v1/chat/completions"
+STREAM_REQUEST = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def events_of(body: bytes) -> list[bytes]:
+    return [event + b"\n\n" for event in body.split(b"\n\n") if event]
+
+
+def test_stream_reaches_the_client_byte_identical_minus_the_usage_chunk(
+    fake_upstream, start_proxy
+) -> None:
+    proxy = start_proxy(fake_upstream.url)
+    with httpx.Client(base_url=proxy.url) as client:
+        body = client.post(CHAT, json=STREAM_REQUEST).content
+    sent = fake_upstream.sent_events[-1]
+    usage_chunks = [event for event in sent if b'"choices":[]' in event]
+    assert len(usage_chunks) == 1
+    assert body == b"".join(event for event in sent if event not in usage_chunks)
+    labels = {"route": CHAT, "model": "m"}
+    assert proxy.sample("prefill_proxy_prompt_tokens_total", **labels) == 40
+    assert proxy.sample("prefill_proxy_time_to_first_token_seconds_count", **labels) == 1
+    assert proxy.sample("prefill_proxy_inter_token_latency_seconds_count", **labels) == 2
+
+
+def test_client_that_asked_for_usage_gets_everything(fake_upstream, start_proxy) -> None:
+    proxy = start_proxy(fake_upstream.url)
+    request = {**STREAM_REQUEST, "stream_options": {"include_usage": True}}
+    with httpx.Client(base_url=proxy.url) as client:
+        body = client.post(CHAT, json=request).content
+    assert body == b"".join(stream_events(include_usage=True))
+
+
+def test_openai_sdk_stream_and_non_stream(fake_upstream, start_proxy) -> None:
+    proxy = start_proxy(fake_upstream.url)
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="sk-test", max_retries=0)
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert reply.choices[0].message.content == "".join(WORDS)
+    assert reply.usage is not None and reply.usage.prompt_tokens_details.cached_tokens == 32
+    parts = [
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=True
+        )
+        if chunk.choices
+    ]
+    assert "".join(parts) == "".join(WORDS)
+    assert fake_upstream.received[-1].header("authorization") == "Bearer sk-test"
+
+
+def test_stream_is_relayed_while_the_upstream_is_still_generating(
+    fake_upstream, start_proxy
+) -> None:
+    """The upstream sends two events and then stalls: the client must get both now, not at
+    the end (if the proxy buffered, this read would time out). Closing the client's stream
+    must close the upstream connection."""
+    proxy = start_proxy(fake_upstream.url)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client, client.stream(
+        "POST", CHAT, json=STREAM_REQUEST, headers={"x-fault": "stall-mid-stream"}
+    ) as response:
+        received = []
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                received.append(json.loads(line[5:]))
+            if len(received) == 2:  # the role chunk and "Hello"; then the upstream stalls
+                break
+    assert fake_upstream.peer_closed.wait(10), "upstream connection was not closed"
+    proxy.wait_for(lambda: proxy.sample("prefill_proxy_client_disconnects_total", route=CHAT) == 1)
+    assert proxy.sample("prefill_proxy_in_flight_requests") == 0
+    assert received[1]["choices"][0]["delta"]["content"] == WORDS[0]
+
+
+def test_upstream_reset_mid_stream_ends_with_an_error_event(fake_upstream, start_proxy) -> None:
+    proxy = start_proxy(fake_upstream.url)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        body = client.post(
+            CHAT, json=STREAM_REQUEST, headers={"x-fault": "reset-mid-stream"}
+        ).content
+    events = events_of(body)
+    assert events[-1] == b"data: [DONE]\n\n"
+    error = json.loads(events[-2][6:])["error"]
+    assert error["code"] == "upstream_broken" and fake_upstream.url in error["message"]
+    assert proxy.sample("prefill_proxy_upstream_errors_total", kind="read") == 1
+
+    sdk = openai.OpenAI(
+        base_url=proxy.url + "/v1",
+        api_key="k",
+        max_retries=0,
+        default_headers={"x-fault": "reset-mid-stream"},
+    )
+    with pytest.raises(openai.APIError, match="broke the exchange"):
+        for _ in sdk.chat.completions.create(model="m", messages=[], stream=True):
+            pass
+
+
+def test_stalled_headers_hit_the_read_timeout_as_504(fake_upstream, start_proxy) -> None:
+    proxy = start_proxy(fake_upstream.url, read_timeout=0.3)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        response = client.post(CHAT, json=STREAM_REQUEST, headers={"x-fault": "stall-headers"})
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "upstream_timeout"
+    assert proxy.sample("prefill_proxy_upstream_errors_total", kind="timeout") == 1
+
+
+def test_total_timeout_bounds_a_stream(fake_upstream, start_proxy) -> None:
+    proxy = start_proxy(fake_upstream.url, total_timeout=0.3, read_timeout=30)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        body = client.post(
+            CHAT, json=STREAM_REQUEST, headers={"x-fault": "stall-mid-stream"}
+        ).content
+    assert json.loads(events_of(body)[-2][6:])["error"]["code"] == "upstream_timeout"
+
+
+def test_refused_upstream_is_502_naming_it(start_proxy) -> None:
+    with socket.socket() as sock:  # a port that nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    proxy = start_proxy(url)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        response = client.post(CHAT, json=STREAM_REQUEST)
+        assert client.get("/ready").status_code == 503
+        assert client.get("/health").status_code == 200
+    assert response.status_code == 502
+    assert url in response.json()["error"]["message"]
+    assert proxy.sample("prefill_proxy_upstream_errors_total", kind="connect") == 1
+
+
+def test_upstream_5xx_passes_through(fake_upstream, start_proxy) -> None:
+    proxy = start_proxy(fake_upstream.url)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        response = client.post(CHAT, json=STREAM_REQUEST, headers={"x-fault": "status-503"})
+    assert response.status_code == 503
+    assert response.json()["error"]["message"] == "fake 503"
+
+
+def test_many_concurrent_streams(fake_upstream, start_proxy) -> None:
+    """More concurrent streams than httpx's default pool of 100 connections."""
+    import asyncio
+
+    proxy = start_proxy(fake_upstream.url)
+
+    async def run() -> list[bytes]:
+        limits = httpx.Limits(max_connections=300)
+        async with httpx.AsyncClient(base_url=proxy.url, timeout=30, limits=limits) as client:
+
+            async def one() -> bytes:
+                return (await client.post(CHAT, json=STREAM_REQUEST)).content
+
+            return await asyncio.gather(*(one() for _ in range(250)))
+
+    bodies = asyncio.run(run())
+    expected = b"".join(stream_events(include_usage=False))
+    assert all(body == expected for body in bodies)
+    assert proxy.sample("prefill_proxy_requests_total", route=CHAT, model="m", status="200") == 250
+    assert proxy.sample("prefill_proxy_in_flight_requests") == 0

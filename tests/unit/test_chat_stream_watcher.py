@@ -1,0 +1,69 @@
+"""The stream watcher: usage chunk stripped only when the proxy asked for it, every other
+byte forwarded unchanged, whatever the chunking; token timing and usage captured."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.exchange import Exchange
+from proxy.relay import ChatStreamWatcher
+from tests.support.fake_upstream import USAGE, stream_events
+from tests.unit.test_sse import split_at
+
+WITH_USAGE = stream_events(include_usage=True)
+STREAM = b"".join(WITH_USAGE)
+WITHOUT_USAGE = b"".join(event for event in WITH_USAGE if b'"choices":[]' not in event)
+
+
+def relay(chunks: list[bytes], *, strip_usage: bool) -> tuple[bytes, Exchange]:
+    exchange = Exchange("/v1/chat/completions", "POST", started=0.0)
+    watcher = ChatStreamWatcher(exchange, strip_usage=strip_usage)
+    out = b"".join(watcher.relay(chunk, float(i + 1)) for i, chunk in enumerate(chunks))
+    return out + watcher.flush(), exchange
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
+def test_usage_chunk_removed_and_nothing_else(cuts: list[int]) -> None:
+    out, exchange = relay(split_at(STREAM, cuts), strip_usage=True)
+    assert out == WITHOUT_USAGE
+    assert exchange.usage == USAGE
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
+def test_client_that_asked_for_usage_gets_the_stream_unchanged(cuts: list[int]) -> None:
+    out, exchange = relay(split_at(STREAM, cuts), strip_usage=False)
+    assert out == STREAM
+    assert exchange.usage == USAGE
+
+
+def test_token_times_skip_the_role_chunk_and_the_finish_chunk() -> None:
+    _, exchange = relay(WITH_USAGE, strip_usage=True)
+    # events: role (t=1), 3 tokens (t=2,3,4), finish (t=5), usage, [DONE]
+    assert exchange.first_token_at == 2.0
+    assert exchange.last_token_at == 4.0
+    assert exchange.token_gaps == [1.0, 1.0]
+
+
+def test_tool_call_and_reasoning_deltas_count_as_tokens() -> None:
+    events = [
+        b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"hm"}}]}\n\n',
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]}}]}\n\n',
+    ]
+    _, exchange = relay(events, strip_usage=True)
+    assert (exchange.first_token_at, exchange.last_token_at) == (1.0, 2.0)
+
+
+def test_error_event_is_forwarded_and_noted() -> None:
+    event = b'data: {"error":{"message":"boom","type":"x","code":500}}\n\n'
+    exchange = Exchange("/v1/chat/completions", "POST")
+    watcher = ChatStreamWatcher(exchange, strip_usage=True)
+    assert watcher.relay(event, 1.0) == event
+    assert watcher.error["message"] == "boom"
+
+
+def test_non_json_and_comment_events_pass_through() -> None:
+    events = b": ping\n\ndata: not json\n\ndata: [DONE]\n\n"
+    out, exchange = relay([events], strip_usage=True)
+    assert out == events
+    assert exchange.first_token_at is None
