@@ -30,45 +30,86 @@ def _has_token(choice: Any) -> bool:
 
 class ChatStreamWatcher:
     """Reads each event of a chat-completion stream as it passes (no I/O): marks token
-    times and usage on the exchange, and drops the usage-only chunk when the proxy asked
-    for usage on the client's behalf. Every other byte is forwarded unchanged."""
+    times and usage on the exchange and, when the proxy asked for usage on the client's
+    behalf, makes the stream what the client would have had without that request.
+
+    vLLM, asked for usage, moves ``system_fingerprint`` from the terminal chunks (those
+    with a ``finish_reason``) to the extra usage-only chunk (vllm/entrypoints/openai/
+    chat_completion/serving.py). So terminal chunks are held until the next event: if it
+    is the usage chunk, it is dropped and its fingerprint put back where vLLM puts it
+    without usage, as the last field. Terminal chunks come last, so holding them delays
+    no token. Every other byte is forwarded unchanged."""
 
     def __init__(self, exchange: Exchange, *, strip_usage: bool) -> None:
         self._exchange = exchange
         self._strip_usage = strip_usage
         self._splitter = sse.EventSplitter()
+        self._held: list[bytes] = []
         self.error: Any = None
 
     def relay(self, chunk: bytes, now: float) -> bytes:
-        events = self._splitter.feed(chunk)
-        kept = [event for event in events if self._keep(event, now)]
-        return b"".join(kept)
+        out: list[bytes] = []
+        for event in self._splitter.feed(chunk):
+            self._route(event, now, out)
+        return b"".join(out)
 
     def flush(self) -> bytes:
-        return self._splitter.flush()
+        rest = b"".join(self._held) + self._splitter.flush()
+        self._held = []
+        return rest
 
-    def _keep(self, event: bytes, now: float) -> bool:
-        data = sse.event_data(event)
-        if data is None or data == sse.DONE:
-            return True
-        try:
-            payload = jsonio.loads(data)
-        except jsonio.InvalidJSON:
-            return True
-        if not isinstance(payload, dict):
-            return True
+    def _route(self, event: bytes, now: float, out: list[bytes]) -> None:
+        payload = _payload(event)
+        if payload is None:
+            out.extend(self._held)
+            self._held = []
+            out.append(event)
+            return
         if "error" in payload:
             self.error = payload["error"]
-            return True
         usage = payload.get("usage")
         if isinstance(usage, dict):
             self._exchange.usage = usage
         choices = payload.get("choices")
-        if choices:
-            if any(_has_token(choice) for choice in choices):
-                self._exchange.mark_token(now)
-            return True
-        return not (self._strip_usage and isinstance(usage, dict))
+        if choices and any(_has_token(choice) for choice in choices):
+            self._exchange.mark_token(now)
+        if not self._strip_usage:
+            out.append(event)
+        elif not choices and isinstance(usage, dict):  # the usage chunk we asked for
+            fingerprint = payload.get("system_fingerprint")
+            out.extend(_with_fingerprint(held, fingerprint) for held in self._held)
+            self._held = []
+        elif choices and any(_finished(choice) for choice in choices):
+            self._held.append(event)
+        else:
+            out.extend(self._held)
+            self._held = []
+            out.append(event)
+
+
+def _payload(event: bytes) -> dict[str, Any] | None:
+    data = sse.event_data(event)
+    if data is None or data == sse.DONE:
+        return None
+    try:
+        payload = jsonio.loads(data)
+    except jsonio.InvalidJSON:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def _finished(choice: Any) -> bool:
+    return isinstance(choice, dict) and choice.get("finish_reason") is not None
+
+
+def _with_fingerprint(event: bytes, fingerprint: Any) -> bytes:
+    if (
+        not isinstance(fingerprint, str)
+        or b'"system_fingerprint"' in event
+        or not event.endswith(b"}\n\n")
+    ):
+        return event
+    return event[:-3] + b',"system_fingerprint":' + jsonio.dumps(fingerprint) + b"}\n\n"
 
 
 async def relay_chunks(

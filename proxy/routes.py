@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -31,6 +32,8 @@ KNOWN_ROUTES = frozenset(
 )
 REWRITE_HEADER = "x-prefill-proxy-rewrite"
 JSON = "application/json"
+# Prompt and completion text: only with the log_bodies setting (debugging).
+body_log = logging.getLogger("prefill_proxy.bodies")
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -90,6 +93,8 @@ class Handlers:
             if exchange.stream and (with_usage := request_usage(forwarded)) is not None:
                 forwarded, strip_usage = with_usage, True
             content = body if forwarded is payload else jsonio.dumps(forwarded)
+            if self.settings.log_bodies:
+                body_log.info("request %s", content.decode(errors="replace"))
             return await self._forward(
                 request, exchange, content, chat=True, strip_usage=strip_usage
             )
@@ -183,6 +188,8 @@ class Handlers:
             await upstream.aclose()
         if exchange.status == 200:
             exchange.usage = usage_of(body)
+        if self.settings.log_bodies:
+            body_log.info("response %s", body.decode(errors="replace"))
         response = Response(body, status_code=exchange.status)
         response.raw_headers = hdrs.with_length(headers, len(body))
         self.recorder.finish(exchange)

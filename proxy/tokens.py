@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import logging
 import os
-from importlib import resources
 from pathlib import Path
 from typing import Protocol
 
@@ -37,6 +37,15 @@ def _cache_name(encoding: str) -> str:
     return hashlib.sha1((_BASE_URL + encoding + ".tiktoken").encode()).hexdigest()
 
 
+def _packaged_data() -> Path:
+    """bpe-openai's data folder, found without importing the package (its import does
+    work we do not need)."""
+    spec = importlib.util.find_spec("bpe_openai")
+    if spec is None or not spec.submodule_search_locations:
+        raise LookupError("the bpe-openai package is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
 def provision(cache_dir: str | Path = "") -> Path:
     """Make tiktoken find its encodings offline; returns the cache folder. Never raises:
     a missing file only means counts fall back to the estimate."""
@@ -47,8 +56,7 @@ def provision(cache_dir: str | Path = "") -> Path:
         if target.exists():
             continue
         try:
-            packaged = resources.files("bpe_openai.data") / f"{name}.tiktoken.gz"
-            data = gzip.decompress(packaged.read_bytes())
+            data = gzip.decompress((_packaged_data() / f"{name}.tiktoken.gz").read_bytes())
             if hashlib.sha256(data).hexdigest() != sha256:
                 log.warning("bpe-openai's %s differs from tiktoken's; not used", name)
                 continue
@@ -56,7 +64,7 @@ def provision(cache_dir: str | Path = "") -> Path:
             partial = target.with_suffix(".partial")
             partial.write_bytes(data)
             partial.replace(target)  # atomic: concurrent starts never see half a file
-        except (OSError, ModuleNotFoundError) as exc:
+        except (OSError, LookupError) as exc:
             log.warning("cannot provision tiktoken %s (%s); token counts are estimates", name, exc)
     return folder
 

@@ -53,3 +53,16 @@ def start_proxy() -> Iterator[Callable[..., RunningProxy]]:
     yield start
     for server in reversed(stack):
         server.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real vLLM (CPU build, tiny local model) for the whole session; installed and
+    built on first use by the project's own scripts (tests/vllm/)."""
+    from tests.support import vllm
+
+    vllm.ensure_installed()
+    model = vllm.ensure_model()
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with vllm.start(vllm.free_port(), log, model=model) as server:
+        yield server

@@ -38,7 +38,16 @@ class Received:
         return next((v for k, v in self.headers if k.lower() == name.lower()), None)
 
 
-def chunk(delta: dict | None, *, finish: str | None = None, usage: dict | None = None) -> bytes:
+FINGERPRINT = "fake-fp-1"
+
+
+def chunk(
+    delta: dict | None,
+    *,
+    finish: str | None = None,
+    usage: dict | None = None,
+    fingerprint: bool = False,
+) -> bytes:
     payload: dict = {
         "id": "chatcmpl-fake",
         "object": "chat.completion.chunk",
@@ -52,15 +61,19 @@ def chunk(delta: dict | None, *, finish: str | None = None, usage: dict | None =
     )
     if usage is not None:
         payload["usage"] = usage
+    if fingerprint:
+        payload["system_fingerprint"] = FINGERPRINT
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 def stream_events(include_usage: bool) -> list[bytes]:
+    """What vLLM sends: the fingerprint goes on the terminal chunk, or on the usage chunk
+    when usage was asked for."""
     events = [chunk({"role": "assistant", "content": ""})]
     events += [chunk({"content": word}) for word in WORDS]
-    events.append(chunk({}, finish="stop"))
+    events.append(chunk({}, finish="stop", fingerprint=not include_usage))
     if include_usage:
-        events.append(chunk(None, usage=USAGE))
+        events.append(chunk(None, usage=USAGE, fingerprint=True))
     events.append(b"data: [DONE]\n\n")
     return events
 
@@ -120,6 +133,11 @@ class FakeUpstream:
         self._ready.set()
         self._loop.run_forever()
         self._server.close()
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self._loop.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):

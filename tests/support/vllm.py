@@ -16,7 +16,7 @@ from typing import Self
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO / "scripts" / "vllm"
+SCRIPTS = REPO / "tests" / "vllm"
 CACHE = Path.home() / ".cache" / "prefill-proxy"
 DEFAULT_MODEL = CACHE / "models" / "tiny-qwen2"
 SERVED_MODEL_NAME = "tiny-qwen2"
@@ -53,7 +53,7 @@ def _run(cmd: Sequence[str | Path], what: str, timeout: float) -> None:
 
 def ensure_installed(timeout: float = 1800) -> Path:
     """Install vLLM into its own venv unless already there; return that venv's python."""
-    _run(["bash", SCRIPTS / "install.sh"], "scripts/vllm/install.sh", timeout)
+    _run(["bash", SCRIPTS / "install.sh"], "tests/vllm/install.sh", timeout)
     return venv_dir() / "bin" / "python"
 
 
@@ -62,7 +62,7 @@ def ensure_model(path: Path = DEFAULT_MODEL, timeout: float = 600) -> Path:
     python = venv_dir() / "bin" / "python"
     _run(
         [python, SCRIPTS / "build_model.py", path],
-        "scripts/vllm/build_model.py",
+        "tests/vllm/build_model.py",
         timeout,
     )
     return path
@@ -107,12 +107,12 @@ class VLLMServer:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        self.stop()
+        self.stop(timeout=5)  # vLLM ignores SIGTERM while it is still loading
         raise VLLMError(
             f"vLLM not healthy after {timeout:.0f}s; log {self.log_path}:\n{_tail(self.log_path)}"
         )
 
-    def stop(self, timeout: float = 30) -> None:
+    def stop(self, timeout: float = 10) -> None:
         """SIGTERM the process group (API server, EngineCore, helpers); SIGKILL if slow."""
         pgid = self.process.pid
         _signal_group(pgid, signal.SIGTERM)

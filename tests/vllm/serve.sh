@@ -9,8 +9,8 @@ fi
 MODEL_DIR="$1" PORT="$2"
 shift 2
 VENV="${PREFILL_PROXY_VLLM_VENV:-$HOME/.cache/prefill-proxy/vllm-venv}"
-[[ -x "$VENV/bin/python" ]] || { echo "no vLLM venv at $VENV: run scripts/vllm/install.sh" >&2; exit 1; }
-[[ -f "$MODEL_DIR/config.json" ]] || { echo "no model at $MODEL_DIR: run scripts/vllm/build_model.py" >&2; exit 1; }
+[[ -x "$VENV/bin/python" ]] || { echo "no vLLM venv at $VENV: run tests/vllm/install.sh" >&2; exit 1; }
+[[ -f "$MODEL_DIR/config.json" ]] || { echo "no model at $MODEL_DIR: run tests/vllm/build_model.py" >&2; exit 1; }
 
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"  # GiB of KV cache
 export VLLM_ENABLE_V1_MULTIPROCESSING=0  # engine in-process: faster start, less memory

