@@ -114,16 +114,16 @@ class Handlers:
         return Response(b'{"status":"ok"}', media_type=JSON)
 
     async def ready(self, request: Request) -> Response:
+        path = self.settings.ready_path
         try:
-            status = await self.upstream.probe(self.settings.ready_path)
+            status = await self.upstream.probe(path)
         except UpstreamError as error:
-            return Response(jsonio.dumps(error.body()), status_code=503, media_type=JSON)
+            return _error_response(error, 503)
         if status >= 400:
-            message = (
-                f"upstream {self.upstream.base_url} answered {status} on {self.settings.ready_path}"
+            problem = UpstreamError(
+                f"upstream {self.upstream.base_url} answered {status} on {path}"
             )
-            error = UpstreamError(message)
-            return Response(jsonio.dumps(error.body()), status_code=503, media_type=JSON)
+            return _error_response(problem, 503)
         return Response(b'{"status":"ready"}', media_type=JSON)
 
     async def metrics(self, request: Request) -> Response:
@@ -197,7 +197,11 @@ class Handlers:
 
     def _fail(self, exchange: Exchange, error: ProxyError) -> Response:
         exchange.status = error.status
-        response = Response(jsonio.dumps(error.body()), status_code=error.status, media_type=JSON)
+        response = _error_response(error, error.status)
         response.headers[hdrs.OVERHEAD] = exchange.overhead_ms_header.decode()
         self.recorder.finish(exchange)
         return response
+
+
+def _error_response(error: ProxyError, status: int) -> Response:
+    return Response(jsonio.dumps(error.body()), status_code=status, media_type=JSON)

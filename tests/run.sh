@@ -16,6 +16,7 @@ bash tests/vllm/install.sh
 
 echo "== lint"
 .venv/bin/ruff check proxy tests
+.venv/bin/mypy proxy
 
 echo "== tests"
 exec .venv/bin/python -m pytest "$@"
