@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from http.cookiejar import DefaultCookiePolicy
 
 import aiohttp
 import httpx
@@ -51,6 +52,10 @@ class Upstream:
             ),
             follow_redirects=False,
         )
+        # The client is shared by every caller: cookies an upstream sets (a sticky load
+        # balancer's, say) go back to the client that got them, and are never kept here and
+        # sent on behalf of others.
+        self._client.cookies.jar.set_policy(DefaultCookiePolicy(allowed_domains=[]))
         # Forward the client's headers only: no client-chosen user-agent, accept-encoding...
         for name in list(self._client.headers):
             del self._client.headers[name]

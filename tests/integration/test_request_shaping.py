@@ -214,3 +214,15 @@ async def test_unreachable_upstream_is_502_and_ready_says_so(make_proxy) -> None
     assert "http://engine:8000" in response.json()["error"]["message"]
     assert proxy.sample("prefill_proxy_upstream_errors_total", kind="connect") == 1
     assert (await proxy.client.get("/ready")).status_code == 503
+
+
+async def test_upstream_cookies_are_relayed_never_kept_for_other_clients(make_proxy) -> None:
+    def sticky(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={}, headers={"set-cookie": "AWSALB=client-a; Path=/"})
+
+    proxy = make_proxy(sticky)
+    first = await proxy.client.get("/v1/models")
+    assert first.headers["set-cookie"] == "AWSALB=client-a; Path=/"
+    proxy.client.cookies.clear()
+    await proxy.client.get("/v1/models", headers={"x-client": "b"})
+    assert "cookie" not in proxy.seen[1].headers
