@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 import uvloop
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAT = "/v1/chat/completions"
 OVERHEAD_HEADER = "x-prefill-proxy-overhead-ms"  # the proxy's own time before upstream
 READY_DEADLINE_S = 30.0
