@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy import jsonio, sse
@@ -133,7 +134,7 @@ async def relay_chunks(
         yield sse_error_event(error)
 
 
-class RelayResponse:
+class RelayResponse(Response):
     """An ASGI response relaying the upstream body. It always closes the upstream and
     records the exchange once, however the stream ends: completed, upstream failure or
     client disconnect. A single task waits for the client's ``http.disconnect`` and
@@ -151,9 +152,11 @@ class RelayResponse:
         exchange: Exchange,
         on_finish: Callable[[Exchange], None],
     ) -> None:
+        # Response's own __init__ would encode a body and set headers: not wanted here.
+        self.status_code = status
+        self.raw_headers = headers
+        self.background = None
         self._body = body
-        self._status = status
-        self._headers = headers
         self._upstream = upstream
         self._exchange = exchange
         self._on_finish = on_finish
@@ -167,7 +170,11 @@ class RelayResponse:
         watch = asyncio.get_running_loop().create_task(self._watch_disconnect(receive, relay))
         try:
             await send(
-                {"type": "http.response.start", "status": self._status, "headers": self._headers}
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
             )
             async for chunk in self._body:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -15,6 +15,7 @@ VENV="${PREFILL_PROXY_VLLM_VENV:-$HOME/.cache/prefill-proxy/vllm-venv}"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"  # GiB of KV cache
 export VLLM_ENABLE_V1_MULTIPROCESSING=0  # engine in-process: faster start, less memory
 export VLLM_ENFORCE_STRICT_TOOL_CALLING=0  # let tool_choice required/named use structured outputs
+export VLLM_SERVER_DEV_MODE=1  # /reset_prefix_cache: benchmarks and tests start runs cold
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 unset PYTHONPATH PYTHONHOME
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
