@@ -1,0 +1,196 @@
+"""Client profiles: what real agent frameworks do to a prompt between two requests.
+
+Each profile is a pure function of (prompt, conversation id, step index): no clock, no
+randomness, so a replay sends the same bytes whatever the target and however often it
+runs. Profiles never change the recorded objects; they return new ones where they differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from proxy.replay.traces import Conversation
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+
+
+Profile = Callable[[Prompt, str, int], Prompt]
+"""(prompt, conversation id, step index) -> the prompt the client sends."""
+
+
+def faithful(prompt: Prompt, conversation: str, step: int) -> Prompt:
+    """Append-only history, exactly as recorded: the best case for a prefix cache."""
+    return prompt
+
+
+# The virtual clock behind ``timestamped``: every conversation starts at its own fixed
+# moment of one day and each step moves it on, as an agent's wall clock would.
+_EPOCH = datetime.datetime(2026, 11, 29, 0, 0, 0, tzinfo=datetime.UTC)
+_SECONDS_PER_STEP = 47  # a model call plus the tools it asked for
+_WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+
+def virtual_now(conversation: str, step: int) -> datetime.datetime:
+    offset = int.from_bytes(hashlib.sha256(conversation.encode()).digest()[:4], "big") % 86_400
+    return _EPOCH + datetime.timedelta(seconds=offset + step * _SECONDS_PER_STEP)
+
+
+def clock_line(moment: datetime.datetime) -> str:
+    # Weekday by table, not strftime("%A"), which follows the process locale.
+    return f"Current date and time: {_WEEKDAYS[moment.weekday()]}, {moment:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def timestamped(prompt: Prompt, conversation: str, step: int) -> Prompt:
+    """The system prompt starts with the current date and time, refreshed every request.
+
+    Reproduces LangGraph's ReAct agent template (langchain-ai/react-agent, prompts.py:
+    ``System time: {system_time}``, formatted with ``datetime.now()`` in every
+    ``call_model``), pydantic-ai's documented dynamic system prompt
+    (``@agent.system_prompt`` returning ``date.today()``), and the "timestamp precise to
+    the second at the beginning of the system prompt" that Manus names as a common mistake
+    ("Context Engineering for AI Agents: Lessons from Building Manus", 2025). At the start
+    of the system message it is the worst case: the prefix breaks at the first block.
+    """
+    line = clock_line(virtual_now(conversation, step))
+    messages = list(prompt.messages)
+    for index, message in enumerate(messages):
+        if message.get("role") == "system":
+            messages[index] = {**message, "content": _prepend(line, message.get("content"))}
+            return dataclasses.replace(prompt, messages=messages)
+    return dataclasses.replace(prompt, messages=[{"role": "system", "content": line}, *messages])
+
+
+def _prepend(line: str, content: Any) -> Any:
+    if isinstance(content, list):  # content parts
+        return [{"type": "text", "text": line}, *content]
+    return f"{line}\n\n{content}" if content else line
+
+
+def _shuffle_key(conversation: str, step: int, tool: dict[str, Any]) -> bytes:
+    name = str((tool.get("function") or {}).get("name", ""))
+    return hashlib.sha256(f"{conversation}\0{step}\0{name}".encode()).digest()
+
+
+def reordered_tools(prompt: Prompt, conversation: str, step: int) -> Prompt:
+    """The same tools in another order on every request, like iterating a set or a dict
+    whose order depends on a per-process hash seed or on registration order.
+
+    Reproduces clients that rebuild the tool list per request: MCP clients re-listing
+    tools from servers each run (the OpenAI Agents SDK does unless ``cache_tools_list``
+    is set), and tools gathered in a ``set`` (Python's str hash is salted per process,
+    PYTHONHASHSEED). Manus (same article) warns that changing the tool list invalidates
+    the cache for everything after it. The order here is a hash of (conversation, step,
+    tool name): a different deterministic permutation per step.
+    """
+    tools = sorted(prompt.tools, key=lambda tool: _shuffle_key(conversation, step, tool))
+    return dataclasses.replace(prompt, tools=tools)
+
+
+def reserialize(arguments: str) -> str:
+    """The same JSON arguments in the other common serialization: compact (JavaScript's
+    ``JSON.stringify``) unless the engine emitted compact, then Python's ``json.dumps``
+    (``", "`` / ``": "``). Arguments that are not JSON come back unchanged."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    compact = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return compact if compact != arguments else json.dumps(value)
+
+
+def reserialized_args(prompt: Prompt, conversation: str, step: int) -> Prompt:
+    """Tool-call arguments sent back re-serialized, JSON-equal but byte-different from
+    what the engine emitted.
+
+    Frameworks parse the model's arguments into objects and serialize them again when
+    they send the history back. LangChain (langchain-openai) uses ``json.dumps``: it sends
+    ``{"city": "Paris"}`` where the model emitted ``{"city":"Paris"}`` (measured here,
+    shared/FACTS.md). The Vercel AI SDK (@ai-sdk/openai-compatible,
+    convert-to-openai-compatible-chat-messages.ts) sends ``JSON.stringify(part.input)``:
+    compact. The recorded traces hold both styles (tau2: json.dumps; tau-bench gpt-4o:
+    mostly compact), so each argument string is sent in the style it was not emitted in
+    (see ``reserialize``); only strings both styles agree on (``{}``) stay the same.
+    """
+    messages = [_reserialize_message(message) for message in prompt.messages]
+    return dataclasses.replace(prompt, messages=messages)
+
+
+def _reserialize_message(message: dict[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or not calls:
+        return message
+    rewritten = []
+    for call in calls:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            call = {**call, "function": {**function, "arguments": reserialize(arguments)}}
+        rewritten.append(call)
+    return {**message, "tool_calls": rewritten}
+
+
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def dropped_reasoning(prompt: Prompt, conversation: str, step: int) -> Prompt:
+    """Reasoning is dropped from the assistant messages sent back.
+
+    DeepSeek's API documents that ``reasoning_content`` must not be sent back (the
+    reasoner guide: previous rounds' CoT is not concatenated into the context; input
+    messages carrying it are rejected), and LangChain's ChatOpenAI does not serialize it
+    into the request. Qwen3-style chat templates do the same at render time (they drop
+    ``<think>`` from turns before the last user message, shared/FACTS.md). The recorded
+    traces carry no reasoning, so on them this profile changes nothing (``notes`` says so).
+    """
+    messages = [
+        {k: v for k, v in message.items() if k not in REASONING_FIELDS}
+        if message.get("role") == "assistant" and any(f in message for f in REASONING_FIELDS)
+        else message
+        for message in prompt.messages
+    ]
+    return dataclasses.replace(prompt, messages=messages)
+
+
+def mixed(prompt: Prompt, conversation: str, step: int) -> Prompt:
+    """All of the above at once, as a client stacked on a framework might do."""
+    for profile in (reserialized_args, dropped_reasoning, reordered_tools, timestamped):
+        prompt = profile(prompt, conversation, step)
+    return prompt
+
+
+PROFILES: Mapping[str, Profile] = MappingProxyType(
+    {
+        "faithful": faithful,
+        "timestamped": timestamped,
+        "reordered-tools": reordered_tools,
+        "reserialized-args": reserialized_args,
+        "dropped-reasoning": dropped_reasoning,
+        "mixed": mixed,
+    }
+)
+
+
+def notes(name: str, conversations: Iterable[Conversation]) -> list[str]:
+    """What a user should know about running profile ``name`` on these conversations."""
+    if name not in ("dropped-reasoning", "mixed"):
+        return []
+    has_reasoning = any(
+        field in message
+        for conversation in conversations
+        for message in conversation.messages
+        if message.get("role") == "assistant"
+        for field in REASONING_FIELDS
+    )
+    if has_reasoning:
+        return []
+    return [f"{name}: these conversations carry no reasoning, so dropping it changes nothing"]

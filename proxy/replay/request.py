@@ -1,0 +1,47 @@
+"""The body a client sends for one step: the profile's prompt, the agent's sampling
+parameters, a stream with usage, and the recorded answer for engines that can replay it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.replay.profiles import Profile, Prompt
+from proxy.replay.traces import Step
+
+REPLY_FIELD = "x_replay_reply"
+"""Extension field carrying the recorded assistant message. The simulator streams it back,
+so a replay stays faithful; vLLM ignores unknown fields."""
+
+# Fields the replay decides itself; meta.request cannot override them.
+_OWN_FIELDS = frozenset({"model", "messages", "tools", "stream", "stream_options", REPLY_FIELD})
+
+
+def sampling(request: Mapping[str, Any], *, has_tools: bool) -> dict[str, Any]:
+    """The agent's recorded sampling parameters, as far as an engine should see them."""
+    params: dict[str, Any] = {}
+    for key, value in request.items():
+        if key in _OWN_FIELDS or value is None:  # None: the agent left it unset
+            continue
+        if key == "parallel_tool_calls" and value is False:
+            continue  # vLLM then drops every tool call after the first (shared/FACTS.md)
+        if key == "tool_choice" and not has_tools:
+            continue  # engines reject a tool choice without tools
+        params[key] = value
+    return params
+
+
+def build(step: Step, profile: Profile, model: str, max_tokens: int | None = None) -> dict:
+    """The request body for ``step`` as the client in ``profile`` would send it."""
+    conversation = step.conversation
+    prompt = profile(Prompt(step.messages, conversation.tools), conversation.id, step.index)
+    body: dict[str, Any] = {"model": model, "messages": prompt.messages}
+    if prompt.tools:
+        body["tools"] = prompt.tools
+    body.update(sampling(conversation.request, has_tools=bool(prompt.tools)))
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    body[REPLY_FIELD] = step.reply  # what the engine "emitted": always the recorded message
+    return body

@@ -1,0 +1,85 @@
+"""Reading a streamed chat completion as a client does: when the first token came, the
+usage, and an error event. Bytes in, no I/O, any chunking."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy import jsonio, sse
+
+
+def _has_token(choice: Any) -> bool:
+    delta = choice.get("delta") if isinstance(choice, dict) else None
+    if not isinstance(delta, dict):
+        return False
+    return bool(
+        delta.get("content")
+        or delta.get("tool_calls")
+        or delta.get("reasoning_content")
+        or delta.get("reasoning")
+    )
+
+
+class StreamObserver:
+    """Feed it the response body as it arrives, with the time each chunk came."""
+
+    def __init__(self) -> None:
+        self._splitter = sse.EventSplitter()
+        self.first_token_at: float | None = None
+        self.usage: dict[str, Any] | None = None
+        self.error: str | None = None
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        for event in self._splitter.feed(chunk):
+            self._read(event, now)
+
+    def close(self, now: float) -> None:
+        rest = self._splitter.flush()
+        if rest.strip():
+            self._read(rest, now)
+
+    def _read(self, event: bytes, now: float) -> None:
+        data = sse.event_data(event)
+        if data is None or data == sse.DONE:
+            return
+        # After the first token only usage and errors matter: skip parsing the rest.
+        if self.first_token_at is not None and b'"usage"' not in data and b'"error"' not in data:
+            return
+        try:
+            payload = jsonio.loads(data)
+        except jsonio.InvalidJSON:
+            return
+        if not isinstance(payload, dict):
+            return
+        if "error" in payload:
+            self.error = error_message(payload)
+        if isinstance(payload.get("usage"), dict):
+            self.usage = payload["usage"]
+        choices = payload.get("choices")
+        if self.first_token_at is None and choices and any(_has_token(c) for c in choices):
+            self.first_token_at = now
+
+
+def error_message(payload: Any) -> str:
+    """The message of an OpenAI-style error body, or the body itself, shortened."""
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])[:500]
+    if isinstance(error, str):
+        return error[:500]
+    return str(payload)[:500]
+
+
+def token_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None]:
+    """(prompt tokens, cached tokens) from a usage object; None where it has none.
+
+    vLLM reports cached tokens only with ``--enable-prompt-tokens-details``."""
+    if not isinstance(usage, dict):
+        return None, None
+    prompt = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return (
+        prompt if isinstance(prompt, int) else None,
+        cached if isinstance(cached, int) else None,
+    )

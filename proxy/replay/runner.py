@@ -1,0 +1,152 @@
+"""Replaying conversations against a server: one step after another per conversation,
+several conversations in flight, each step timed from the client's side.
+
+The only module of the replay that does network I/O; httpx errors stop here and become a
+step's error (the run goes on) or a ReplayError (the run cannot start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import httpx
+
+from proxy import jsonio
+from proxy.replay import profiles, request
+from proxy.replay.records import Run, StepRecord
+from proxy.replay.response import StreamObserver, error_message, token_counts
+from proxy.replay.traces import Conversation, Step, steps
+
+
+class ReplayError(RuntimeError):
+    """The replay cannot run (no model to use, a cache reset refused)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    model: str
+    profile: str = "faithful"
+    concurrency: int = 1
+    tool_latency: float = 0.0  # seconds the client "runs tools" before a step after tools
+    max_tokens: int | None = None
+
+
+def make_client(concurrency: int, timeout: float, api_key: str | None = None) -> httpx.AsyncClient:
+    """One client for the whole replay, a connection per conversation in flight."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        timeout=httpx.Timeout(timeout, connect=10.0, pool=None),
+        headers=headers,
+    )
+
+
+class Replayer:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        target: str,
+        options: Options,
+        *,
+        on_step: Callable[[StepRecord], None] | None = None,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._client = client
+        self._url = target.rstrip("/") + "/v1/chat/completions"
+        self._options = options
+        self._profile = profiles.PROFILES[options.profile]
+        self._on_step = on_step
+        self._sleep = sleep
+        self._clock = clock
+
+    async def run(self, conversations: Sequence[Conversation]) -> Run:
+        started = self._clock()
+        results: dict[int, list[StepRecord]] = {}
+        pending = iter(enumerate(conversations))
+
+        async def worker() -> None:
+            for index, conversation in pending:  # shared: each worker takes the next one
+                results[index] = await self._conversation(conversation)
+
+        workers = min(max(self._options.concurrency, 1), len(conversations))
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        records = [record for index in sorted(results) for record in results[index]]
+        return Run(records, self._clock() - started)
+
+    async def _conversation(self, conversation: Conversation) -> list[StepRecord]:
+        records = []
+        for step in steps(conversation):
+            if step.after_tool and self._options.tool_latency > 0:
+                await self._sleep(self._options.tool_latency)
+            record = await self._step(step)
+            records.append(record)
+            if self._on_step is not None:
+                self._on_step(record)
+        return records
+
+    async def _step(self, step: Step) -> StepRecord:
+        options = self._options
+        body = request.build(step, self._profile, options.model, options.max_tokens)
+        record = StepRecord(step.conversation.id, step.index, len(body["messages"]))
+        observer = StreamObserver()
+        content = jsonio.dumps(body)
+        started = self._clock()
+        try:
+            async with self._client.stream(
+                "POST", self._url, content=content, headers={"content-type": "application/json"}
+            ) as response:
+                record.status = response.status_code
+                if response.status_code >= 400:
+                    record.error = _body_error(await response.aread())
+                    return record
+                async for chunk in response.aiter_bytes():
+                    observer.feed(chunk, self._clock())
+        except httpx.HTTPError as exc:
+            record.error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            return record
+        ended = self._clock()
+        observer.close(ended)
+        record.error = observer.error
+        record.e2e_s = ended - started
+        if observer.first_token_at is not None:
+            record.ttft_s = observer.first_token_at - started
+        record.prompt_tokens, record.cached_tokens = token_counts(observer.usage)
+        return record
+
+
+def _body_error(body: bytes) -> str:
+    try:
+        return error_message(jsonio.loads(body))
+    except jsonio.InvalidJSON:
+        return body.decode("utf-8", "replace")[:500] or "(empty body)"
+
+
+async def discover_model(client: httpx.AsyncClient, target: str) -> str:
+    """The first model the server lists at /v1/models."""
+    url = target.rstrip("/") + "/v1/models"
+    try:
+        response = await client.get(url)
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ReplayError(f"cannot find a model at {url} ({exc}); give --model") from exc
+
+
+async def reset_prefix_cache(client: httpx.AsyncClient, base: str) -> None:
+    """Empty the engine's prefix cache, so that a run starts cold."""
+    url = base.rstrip("/") + "/reset_prefix_cache"
+    try:
+        response = await client.post(url)
+    except httpx.HTTPError as exc:
+        raise ReplayError(f"cannot reset the prefix cache at {url}: {exc}") from exc
+    if response.status_code >= 400:
+        # vLLM serves this endpoint only with VLLM_SERVER_DEV_MODE=1.
+        raise ReplayError(
+            f"POST {url} answered {response.status_code}: start vLLM with "
+            "VLLM_SERVER_DEV_MODE=1, or run without --reset-cache (--no-reset-cache)"
+        )

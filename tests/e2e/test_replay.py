@@ -1,0 +1,194 @@
+"""The replay over real loopback sockets: against the fake upstream, straight and through
+the proxy, from the command line down to the JSON it writes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy import cli
+from proxy.replay import report, request, synthetic, traces
+from proxy.replay.records import Run
+from proxy.replay.runner import (
+    Options,
+    Replayer,
+    discover_model,
+    make_client,
+    reset_prefix_cache,
+)
+from tests.support.fake_upstream import USAGE, FakeUpstream
+from tests.support.servers import listening_socket, serve
+from tests.unit.test_replay_traces import DEV
+
+CONVERSATIONS = traces.load(DEV, limit=3)
+STEPS = [s for c in CONVERSATIONS for s in traces.steps(c)]
+
+
+def replay(url: str, client: httpx.AsyncClient | None = None, **options: object) -> Run:
+    async def go() -> Run:
+        async with client or make_client(2, 30) as http:
+            replayer = Replayer(http, url, Options(model="fake", **options))  # type: ignore[arg-type]
+            return await replayer.run(CONVERSATIONS)
+
+    return asyncio.run(go())
+
+
+def chat_bodies(upstream: FakeUpstream) -> list[dict]:
+    return [json.loads(r.body) for r in upstream.received if r.path == "/v1/chat/completions"]
+
+
+def test_every_step_is_sent_as_recorded_and_measured(fake_upstream: FakeUpstream) -> None:
+    run = replay(fake_upstream.url, concurrency=2)
+    assert [(r.conversation, r.step) for r in run.steps] == [
+        (s.conversation.id, s.index) for s in STEPS
+    ]
+    for record, step in zip(run.steps, STEPS, strict=True):
+        assert record.error is None and record.status == 200
+        assert (record.prompt_tokens, record.cached_tokens) == (
+            USAGE["prompt_tokens"],
+            USAGE["prompt_tokens_details"]["cached_tokens"],
+        )
+        assert record.messages == len(step.messages)
+        assert 0 < record.ttft_s <= record.e2e_s < run.wall_s  # type: ignore[operator]
+    sent = {json.dumps(b["messages"]): b for b in chat_bodies(fake_upstream)}
+    assert len(sent) == len(STEPS)
+    for step in STEPS:
+        body = sent[json.dumps(step.messages)]
+        assert body[request.REPLY_FIELD] == step.reply
+        assert body["tools"] == step.conversation.tools
+        assert body["stream_options"] == {"include_usage": True}
+        assert "parallel_tool_calls" not in body
+
+
+def test_http_errors_are_recorded_and_the_run_goes_on(fake_upstream: FakeUpstream) -> None:
+    client = httpx.AsyncClient(headers={"x-fault": "status-503"})
+    run = replay(fake_upstream.url, client)
+    assert len(run.steps) == len(STEPS)
+    assert {(r.status, r.error) for r in run.steps} == {(503, "fake 503")}
+
+
+def test_an_unreachable_server_is_an_error_on_each_step() -> None:
+    with listening_socket() as sock:
+        port = sock.getsockname()[1]
+    run = replay(f"http://127.0.0.1:{port}")
+    assert len(run.steps) == len(STEPS)
+    assert all(r.status is None and r.error.startswith("ConnectError") for r in run.steps)  # type: ignore[union-attr]
+
+
+def write_traces(path: Path, count: int) -> Path:
+    path.write_text("".join(line for line in DEV.open().readlines()[:count]))
+    return path
+
+
+def test_command_line_writes_tables_json_and_plot(
+    fake_upstream: FakeUpstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace_file = write_traces(tmp_path / "two.jsonl", 2)
+    out, png = tmp_path / "out.json", tmp_path / "out.png"
+    argv = ["replay", "--traces", str(trace_file), "--target", fake_upstream.url]
+    argv += ["--json", str(out), "--plot", str(png), "--profile", "mixed", "--max-tokens", "5"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr()
+    assert "| cached share | 80.0% |" in printed.out
+    assert "| step | requests | TTFT p50 | cached share |" in printed.out
+    assert "no reasoning" in printed.err  # the note of the mixed profile
+    document = json.loads(out.read_text())
+    steps = traces.count_steps(traces.load(trace_file))
+    assert document["summary"]["requests"] == len(document["steps"]) == steps
+    assert document["config"]["model"] == "fake"  # found at /v1/models
+    assert document["config"]["profile"] == "mixed"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bodies = chat_bodies(fake_upstream)
+    assert {b["max_tokens"] for b in bodies} == {5}
+    assert all(b["messages"][0]["content"].startswith("Current date and time:") for b in bodies)
+
+
+def test_compare_runs_direct_then_through_the_proxy_each_from_a_reset_cache(
+    fake_upstream: FakeUpstream, start_proxy, tmp_path: Path, capsys
+) -> None:
+    proxy = start_proxy(fake_upstream.url)
+    out = tmp_path / "compare.json"
+    argv = ["replay", "--synthetic", "3", "--seed", "7", "--target", fake_upstream.url]
+    argv += ["--compare", proxy.url, "--json", str(out)]
+    assert cli.main(argv) == 0
+    document = json.loads(out.read_text())
+    assert set(document) == {"direct", "proxy"}
+    steps = traces.count_steps(synthetic.conversations(3, seed=7))
+    for label in ("direct", "proxy"):
+        assert document[label]["summary"]["requests"] == steps
+        assert document[label]["summary"]["errors"] == 0
+    assert document["proxy"]["config"]["url"] == proxy.url
+    assert document["direct"]["summary"]["cached_share"] == pytest.approx(
+        document["proxy"]["summary"]["cached_share"]
+    )
+    paths = [r.path for r in fake_upstream.received if r.method == "POST"]
+    resets = [i for i, path in enumerate(paths) if path == "/reset_prefix_cache"]
+    assert resets == [0, 1 + steps]  # before each run
+    assert "| metric | direct | proxy | proxy - direct |" in capsys.readouterr().out
+    labels = {"route": "/v1/chat/completions", "model": "fake", "status": "200"}
+    assert proxy.sample("prefill_proxy_requests_total", **labels) == steps
+
+
+def test_no_server_no_model(tmp_path: Path, capsys) -> None:
+    with listening_socket() as sock:
+        port = sock.getsockname()[1]
+    argv = ["replay", "--synthetic", "1", "--target", f"http://127.0.0.1:{port}"]
+    assert cli.main(argv) == 2
+    assert "cannot find a model" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def sim_url() -> Iterator[str]:
+    """The project's simulator, fast: prefix-cache figures are what these tests read."""
+    from proxy.sim.app import create_sim_app
+    from proxy.sim.config import SimConfig
+
+    with serve(create_sim_app(SimConfig(speed=1000.0))) as url:
+        yield url
+
+
+def replay_summary(url: str, profile: str, *, reset: bool = True) -> dict:
+    async def go() -> dict:
+        async with make_client(2, 30) as http:
+            if reset:
+                await reset_prefix_cache(http, url)
+            model = await discover_model(http, url)
+            replayer = Replayer(http, url, Options(model=model, profile=profile))
+            run = await replayer.run(CONVERSATIONS)
+        return report.summarize(run.steps, run.wall_s)
+
+    return asyncio.run(go())
+
+
+def test_profiles_against_the_simulator(sim_url: str) -> None:
+    faithful = replay_summary(sim_url, "faithful")
+    assert faithful["errors"] == 0 and faithful["requests"] == len(STEPS)
+    assert faithful["cached_share_after_first_step"] > 0.9  # append-only history hits
+    again = replay_summary(sim_url, "faithful")  # from a reset cache: the same figures
+    tokens = ("prompt_tokens", "cached_tokens", "cached_share_after_first_step")
+    assert [again[k] for k in tokens] == [faithful[k] for k in tokens]
+    timestamped = replay_summary(sim_url, "timestamped")
+    assert timestamped["prompt_tokens"] > faithful["prompt_tokens"]  # the clock line
+    assert timestamped["cached_share"] < 0.05  # the prefix breaks at the first block
+    reordered = replay_summary(sim_url, "reordered-tools")
+    assert reordered["prompt_tokens"] == faithful["prompt_tokens"]
+    assert reordered["cached_share"] < faithful["cached_share"] - 0.3
+
+
+def test_direct_and_proxied_agree_on_the_simulator(sim_url: str, start_proxy) -> None:
+    proxy = start_proxy(sim_url)
+    direct = replay_summary(sim_url, "mixed")
+
+    async def reset() -> None:
+        async with make_client(1, 30) as http:
+            await reset_prefix_cache(http, sim_url)
+
+    asyncio.run(reset())
+    proxied = replay_summary(proxy.url, "mixed", reset=False)
+    for key in ("requests", "prompt_tokens", "cached_tokens", "errors"):
+        assert proxied[key] == direct[key], key

@@ -1,0 +1,74 @@
+"""The replay runner in process, over httpx.MockTransport: concurrency, tool pauses, order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from proxy.replay import synthetic, traces
+from proxy.replay.runner import Options, Replayer
+from tests.support.fake_upstream import stream_events
+
+pytestmark = pytest.mark.anyio
+
+CONVERSATIONS = synthetic.conversations(6, seed=3)
+STEPS = [s for c in CONVERSATIONS for s in traces.steps(c)]
+
+
+class Engine:
+    """Answers every chat request with the fake stream; counts requests in flight."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.bodies: list[dict] = []
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        for _ in range(5):  # let every other worker reach its request first
+            await asyncio.sleep(0)
+        self.in_flight -= 1
+        self.bodies.append(json.loads(request.content))
+        return httpx.Response(200, content=b"".join(stream_events(include_usage=True)))
+
+
+async def replay(engine: Engine, **options: object) -> tuple[list, list[float]]:
+    pauses: list[float] = []
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
+        settings = Options(model="m", **options)  # type: ignore[arg-type]
+        replayer = Replayer(client, "http://engine", settings, sleep=pause)
+        run = await replayer.run(CONVERSATIONS)
+    return run.steps, pauses
+
+
+@pytest.mark.parametrize("concurrency", [1, 4, 64])
+async def test_conversations_in_flight_and_records_in_order(concurrency: int) -> None:
+    engine = Engine()
+    records, _ = await replay(engine, concurrency=concurrency)
+    assert engine.most_in_flight == min(concurrency, len(CONVERSATIONS))
+    assert [(r.conversation, r.step) for r in records] == [
+        (s.conversation.id, s.index) for s in STEPS
+    ]
+    # Within a conversation, steps reach the engine one after another, in order.
+    step_of = {json.dumps([s.messages, s.reply]): s for s in STEPS}
+    received: dict[str, list[int]] = {}
+    for body in engine.bodies:
+        step = step_of[json.dumps([body["messages"], body["x_replay_reply"]])]
+        received.setdefault(step.conversation.id, []).append(step.index)
+    assert all(indices == list(range(len(indices))) for indices in received.values())
+    assert sum(map(len, received.values())) == len(STEPS)
+
+
+async def test_tool_latency_pauses_before_steps_that_follow_tool_results() -> None:
+    _, pauses = await replay(Engine(), tool_latency=0.25)
+    assert pauses == [0.25] * sum(step.after_tool for step in STEPS)
+    _, none = await replay(Engine())
+    assert none == []
