@@ -42,15 +42,16 @@ class Upstream:
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = settings.upstream_base
         self._total_timeout = settings.total_timeout or None
+        timeout = httpx.Timeout(
+            connect=settings.connect_timeout,
+            read=settings.read_timeout,
+            write=settings.read_timeout,
+            pool=settings.connect_timeout,
+        )
+        self._transport = transport or _aiohttp_transport(settings)
+        self._extensions = {"timeout": timeout.as_dict()}
         self._client = httpx.AsyncClient(
-            transport=transport or _aiohttp_transport(settings),
-            timeout=httpx.Timeout(
-                connect=settings.connect_timeout,
-                read=settings.read_timeout,
-                write=settings.read_timeout,
-                pool=settings.connect_timeout,
-            ),
-            follow_redirects=False,
+            transport=self._transport, timeout=timeout, follow_redirects=False
         )
         # The client is shared by every caller: cookies an upstream sets (a sticky load
         # balancer's, say) go back to the client that got them, and are never kept here and
@@ -73,13 +74,20 @@ class Upstream:
         deadline = None
         if self._total_timeout is not None:  # in the event loop's clock, as timeout_at wants
             deadline = asyncio.get_running_loop().time() + self._total_timeout
-        request = self._client.build_request(
-            method, self.base_url + path, headers=list(headers), content=body
+        # Straight to the shared client's transport (its connection pool): a proxy needs
+        # none of the client's per-request work (URL merging, cookies, auth, redirects),
+        # which was about a tenth of the proxy's CPU per request (tests/benchmarks).
+        request = httpx.Request(
+            method,
+            self.base_url + path,
+            headers=headers,
+            content=body,
+            extensions=self._extensions,
         )
         for attempt in (1, 2):
             try:
                 async with asyncio.timeout_at(deadline):
-                    response = await self._client.send(request, stream=True)
+                    response = await self._transport.handle_async_request(request)
                 return UpstreamResponse(response, deadline, self)
             except (TimeoutError, httpx.HTTPError, OSError) as exc:
                 # A pooled keep-alive connection the server closed just now fails before
