@@ -1,11 +1,13 @@
-"""The ``prefill-proxy`` command: ``serve`` runs the proxy."""
+"""The ``prefill-proxy`` command: ``serve`` runs the proxy; ``sim``, ``replay``, ``demo``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from proxy import __version__, config
 
@@ -63,7 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config.add_arguments(serve)
     serve.set_defaults(run=_serve)
+    for name, module, summary in _TOOLS:
+        tool = commands.add_parser(name, help=summary, description=summary)
+        _tool_module(module).configure(tool)
+        tool.set_defaults(run=lambda args, module=module: _tool_module(module).run(args))
     return parser
+
+
+# Subcommands beyond serve: each module has configure(parser) and run(args) -> exit code.
+_TOOLS = (
+    ("sim", "proxy.sim.command", "run a vLLM-like simulator (prefix cache + timing model)"),
+    ("replay", "proxy.replay.command", "replay agent traces against a server and measure"),
+    ("demo", "proxy.demo", "simulator + proxy + synthetic agents: direct vs proxied, no GPU"),
+)
+
+
+def _tool_module(name: str) -> Any:
+    return importlib.import_module(name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

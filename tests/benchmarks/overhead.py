@@ -21,23 +21,19 @@ import math
 import os
 import platform
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import uvloop
 
+from proxy.background import free_port, spawn, wait_ready
+
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = "/v1/chat/completions"
 OVERHEAD_HEADER = "x-prefill-proxy-overhead-ms"  # the proxy's own time before upstream
-READY_DEADLINE_S = 30.0
 
 
 @dataclasses.dataclass
@@ -224,52 +220,6 @@ def environment() -> dict[str, Any]:
     }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes] | None) -> None:
-    """Poll ``url`` until it answers 200; fail if the process dies or the deadline passes."""
-    deadline = time.monotonic() + READY_DEADLINE_S
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"exited with {process.returncode} before {url} was ready")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as response:
-            if response.status == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready within {READY_DEADLINE_S:.0f} s")
-
-
-@contextlib.contextmanager
-def spawned(command: str, health_url: str) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``python <command>`` from the repository root while the block runs. Its stderr
-    goes to a file (a pipe nobody reads would block it), shown if start-up fails. In its own
-    session, so Ctrl-C reaches only this process, which then stops it after the load."""
-    argv = [sys.executable, *command.split()]
-    with tempfile.TemporaryFile() as errors:
-        process = subprocess.Popen(
-            argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True
-        )
-        try:
-            try:
-                wait_ready(health_url, process)
-            except RuntimeError as exc:
-                errors.seek(0)
-                tail = errors.read()[-2000:].decode(errors="replace")
-                raise RuntimeError(f"python {command}: {exc}\n{tail}") from None
-            yield process
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
 def serve_upstream(port: int) -> None:
     """The fast upstream, on uvloop like the proxy, until interrupted or terminated."""
     from tests.support.fake_upstream import FakeUpstream
@@ -339,13 +289,24 @@ def main() -> int:
         if upstream_url is None:
             port = free_port()
             upstream_url = f"http://127.0.0.1:{port}"
-            command = f"-m tests.benchmarks.overhead --serve-upstream {port}"
-            stack.enter_context(spawned(command, upstream_url + "/health"))
+            command = ["tests.benchmarks.overhead", "--serve-upstream", str(port)]
+            stack.enter_context(spawn(command, upstream_url + "/health", cwd=str(ROOT)))
         if proxy_url is None:
             port = free_port()
             proxy_url = f"http://127.0.0.1:{port}"
-            command = f"-m proxy serve --upstream {upstream_url} --host 127.0.0.1 --port {port}"
-            process = spawned(command + " --log-level warning", proxy_url + "/ready")
+            command = [
+                "proxy",
+                "serve",
+                "--upstream",
+                upstream_url,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ]
+            process = spawn(command, proxy_url + "/ready", cwd=str(ROOT))
             proxy_pid = stack.enter_context(process).pid
         else:
             wait_ready(proxy_url.rstrip("/") + "/health", None)
