@@ -24,9 +24,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from proxy.replay.profiles import PROFILES
 
     parser.description = DESCRIPTION
-    parser.add_argument("--conversations", type=int, default=8, help="how many (default 8)")
+    parser.add_argument("--conversations", type=int, default=4, help="how many (default 4)")
     parser.add_argument(
-        "--concurrency", type=int, default=8, help="conversations in flight (default 8)"
+        "--concurrency", type=int, default=4, help="conversations in flight (default 4)"
     )
     parser.add_argument(
         "--profile", choices=sorted(PROFILES), default="mixed", help="client profile"
@@ -49,33 +49,51 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from proxy import config
-    from proxy.app import create_app
-    from proxy.background import serve
+    from proxy.background import free_port, spawn
     from proxy.replay import benchmark
-    from proxy.sim.app import create_sim_app
-    from proxy.sim.config import SimConfig
 
     out = args.out or Path(tempfile.mkdtemp(prefix="prefill-proxy-demo-"))
     out.mkdir(parents=True, exist_ok=True)
-    with serve(create_sim_app(SimConfig(speed=args.speed))) as engine:
-        settings = config.load({"upstream": engine, "log_level": "warning"}, environ={})
-        with serve(create_app(settings)) as proxy_url:
-            sys.stderr.write(f"simulator {engine}, proxy {proxy_url}\n")
-            replay = benchmark.Config(
-                target=engine,
-                compare=proxy_url,
-                reset_cache=engine,
-                synthetic=args.conversations,
-                seed=args.seed,
-                profile=args.profile,
-                concurrency=args.concurrency,
-                tool_latency=args.tool_latency,
-                json_path=out / "demo.json",
-                plot_path=out / "demo.png" if _can_plot() else None,
-                progress=sys.stderr.isatty(),
-            )
-            return asyncio.run(benchmark.execute(replay, sys.stdout, sys.stderr))
+    engine = f"http://127.0.0.1:{(engine_port := free_port())}"
+    proxy_url = f"http://127.0.0.1:{(proxy_port := free_port())}"
+    # Each server in its own process, as deployed: sharing this one's interpreter (and its
+    # GIL) with the replay client would charge the proxy for the client's work.
+    sim = [
+        "proxy",
+        "sim",
+        "--port",
+        str(engine_port),
+        "--speed",
+        str(args.speed),
+        "--log-level",
+        "warning",
+    ]
+    serve = [
+        "proxy",
+        "serve",
+        "--upstream",
+        engine,
+        "--port",
+        str(proxy_port),
+        "--log-level",
+        "warning",
+    ]
+    with spawn(sim, engine + "/health"), spawn(serve, proxy_url + "/ready"):
+        sys.stderr.write(f"simulator {engine}, proxy {proxy_url}\n")
+        replay = benchmark.Config(
+            target=engine,
+            compare=proxy_url,
+            reset_cache=engine,
+            synthetic=args.conversations,
+            seed=args.seed,
+            profile=args.profile,
+            concurrency=args.concurrency,
+            tool_latency=args.tool_latency,
+            json_path=out / "demo.json",
+            plot_path=out / "demo.png" if _can_plot() else None,
+            progress=sys.stderr.isatty(),
+        )
+        return asyncio.run(benchmark.execute(replay, sys.stdout, sys.stderr))
 
 
 def _can_plot() -> bool:
