@@ -7,8 +7,10 @@ Imported when the CLI builds its parser: the machinery loads only in ``run``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 DESCRIPTION = """Start the vLLM-like simulator (modelling Llama-3.1-8B on one H100) and the
@@ -49,36 +51,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from proxy.background import free_port, spawn
     from proxy.replay import benchmark
 
     out = args.out or Path(tempfile.mkdtemp(prefix="prefill-proxy-demo-"))
     out.mkdir(parents=True, exist_ok=True)
-    engine = f"http://127.0.0.1:{(engine_port := free_port())}"
-    proxy_url = f"http://127.0.0.1:{(proxy_port := free_port())}"
-    # Each server in its own process, as deployed: sharing this one's interpreter (and its
-    # GIL) with the replay client would charge the proxy for the client's work.
-    sim = [
-        "proxy",
-        "sim",
-        "--port",
-        str(engine_port),
-        "--speed",
-        str(args.speed),
-        "--log-level",
-        "warning",
-    ]
-    serve = [
-        "proxy",
-        "serve",
-        "--upstream",
-        engine,
-        "--port",
-        str(proxy_port),
-        "--log-level",
-        "warning",
-    ]
-    with spawn(sim, engine + "/health"), spawn(serve, proxy_url + "/ready"):
+    with simulator_and_proxy(args.speed) as (engine, proxy_url):
         sys.stderr.write(f"simulator {engine}, proxy {proxy_url}\n")
         replay = benchmark.Config(
             target=engine,
@@ -94,6 +71,26 @@ def run(args: argparse.Namespace) -> int:
             progress=sys.stderr.isatty(),
         )
         return asyncio.run(benchmark.execute(replay, sys.stdout, sys.stderr))
+
+
+@contextlib.contextmanager
+def simulator_and_proxy(speed: float, engine: str | None = None) -> Iterator[tuple[str, str]]:
+    """The simulator (unless ``engine`` is given) and the proxy in front of it, each in its
+    own process as deployed: sharing the caller's interpreter (and its GIL) with a replay
+    client would charge the proxy for the client's work. Yields (engine, proxy) URLs."""
+    from proxy.background import free_port, spawn
+
+    with contextlib.ExitStack() as stack:
+        if engine is None:
+            port = free_port()
+            engine = f"http://127.0.0.1:{port}"
+            sim = ["proxy", "sim", "--port", str(port), "--speed", str(speed)]
+            stack.enter_context(spawn([*sim, "--log-level", "warning"], engine + "/health"))
+        port = free_port()
+        proxy = f"http://127.0.0.1:{port}"
+        serve = ["proxy", "serve", "--upstream", engine, "--port", str(port)]
+        stack.enter_context(spawn([*serve, "--log-level", "warning"], proxy + "/ready"))
+        yield engine, proxy
 
 
 def _can_plot() -> bool:

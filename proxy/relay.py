@@ -11,21 +11,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy import jsonio, sse
+from proxy.chunks import carries_token
 from proxy.errors import UpstreamError, sse_error_event
 from proxy.exchange import Exchange
 from proxy.upstream import UpstreamResponse
-
-
-def _has_token(choice: Any) -> bool:
-    delta = choice.get("delta") if isinstance(choice, dict) else None
-    if not isinstance(delta, dict):
-        return False
-    return bool(
-        delta.get("content")
-        or delta.get("tool_calls")
-        or delta.get("reasoning_content")
-        or delta.get("reasoning")
-    )
 
 
 class ChatStreamWatcher:
@@ -71,7 +60,7 @@ class ChatStreamWatcher:
         if isinstance(usage, dict):
             self._exchange.usage = usage
         choices = payload.get("choices")
-        if choices and any(_has_token(choice) for choice in choices):
+        if choices and any(carries_token(choice) for choice in choices):
             self._exchange.mark_token(now)
         if not self._strip_usage:
             out.append(event)

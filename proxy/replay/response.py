@@ -6,18 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy import jsonio, sse
-
-
-def _has_token(choice: Any) -> bool:
-    delta = choice.get("delta") if isinstance(choice, dict) else None
-    if not isinstance(delta, dict):
-        return False
-    return bool(
-        delta.get("content")
-        or delta.get("tool_calls")
-        or delta.get("reasoning_content")
-        or delta.get("reasoning")
-    )
+from proxy.chunks import carries_token
 
 
 class StreamObserver:
@@ -56,7 +45,7 @@ class StreamObserver:
         if isinstance(payload.get("usage"), dict):
             self.usage = payload["usage"]
         choices = payload.get("choices")
-        if self.first_token_at is None and choices and any(_has_token(c) for c in choices):
+        if self.first_token_at is None and choices and any(carries_token(c) for c in choices):
             self.first_token_at = now
 
 

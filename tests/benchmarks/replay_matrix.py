@@ -1,0 +1,90 @@
+"""Every client profile, direct vs through the proxy, on one engine: the replay matrix.
+
+Starts the proxy (and, without --engine, the simulator) as child processes, replays the
+traces once per profile with ``--compare`` (the engine's prefix cache reset before each
+run), writes each profile's JSON and prints one markdown table for an issue note.
+
+    .venv/bin/python -m tests.benchmarks.replay_matrix                       # simulator
+    .venv/bin/python -m tests.benchmarks.replay_matrix --engine http://127.0.0.1:8000 \\
+        --limit 3 --max-tokens 16                                           # real vLLM
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from proxy.demo import simulator_and_proxy
+from proxy.replay import benchmark
+from proxy.replay.profiles import PROFILES
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = ROOT.parent / "shared" / "traces" / "dev.jsonl"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--traces", type=Path, default=TRACES, help=f"JSONL traces (default {TRACES})")
+    add("--engine", help="a running engine (vLLM with VLLM_SERVER_DEV_MODE=1); default: sim")
+    add("--speed", type=float, default=50.0, help="simulator speed-up (default 50)")
+    add("--limit", type=int, help="first N conversations")
+    add("--concurrency", type=int, default=1, help="conversations in flight (default 1)")
+    add("--max-tokens", type=int, help="max_tokens per step (real vLLM on a CPU: 16)")
+    add("--profiles", default=",".join(PROFILES), help="comma-separated (default: all)")
+    add("--out", type=Path, default=Path(".artifacts/replay-matrix"), help="JSON folder")
+    return parser.parse_args()
+
+
+def row(profile: str, direct: dict[str, Any], proxied: dict[str, Any]) -> str:
+    def share(summary: dict[str, Any]) -> str:
+        return f"{100 * (summary['cached_share_after_first_step'] or 0):.1f}%"
+
+    def ms(summary: dict[str, Any]) -> str:
+        return f"{1000 * (summary['ttft_p50_s'] or 0):.1f}"
+
+    return (
+        f"| {profile} | {direct['requests']} | {share(direct)} | {share(proxied)} | "
+        f"{direct['computed_tokens']:,} | {proxied['computed_tokens']:,} | "
+        f"{ms(direct)} | {ms(proxied)} | {direct['errors'] + proxied['errors']} |"
+    )
+
+
+def main() -> int:
+    args = parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(
+        "| profile | requests | cached share, steps >= 1 (direct) | (proxy) | computed "
+        "tokens (direct) | (proxy) | TTFT p50 ms (direct) | (proxy) | errors |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        flush=True,
+    )
+    with simulator_and_proxy(args.speed, args.engine) as (engine, proxy):
+        for profile in args.profiles.split(","):
+            path = args.out / f"{profile}.json"
+            config = benchmark.Config(
+                target=engine,
+                compare=proxy,
+                reset_cache=engine,
+                traces=args.traces,
+                limit=args.limit,
+                profile=profile,
+                concurrency=args.concurrency,
+                max_tokens=args.max_tokens,
+                json_path=path,
+            )
+            status = asyncio.run(benchmark.execute(config, io.StringIO(), sys.stderr))
+            if status == 2:
+                return 2
+            runs = json.loads(path.read_text())
+            print(row(profile, runs["direct"]["summary"], runs["proxy"]["summary"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
