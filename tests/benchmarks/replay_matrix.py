@@ -6,7 +6,7 @@ run), writes each profile's JSON and prints one markdown table for an issue note
 
     .venv/bin/python -m tests.benchmarks.replay_matrix                       # simulator
     .venv/bin/python -m tests.benchmarks.replay_matrix --engine http://127.0.0.1:8000 \\
-        --limit 3 --max-tokens 16                                           # real vLLM
+        --shortest 3 --max-tokens 16                                          # real vLLM
 """
 
 from __future__ import annotations
@@ -34,11 +34,22 @@ def parse_args() -> argparse.Namespace:
     add("--engine", help="a running engine (vLLM with VLLM_SERVER_DEV_MODE=1); default: sim")
     add("--speed", type=float, default=50.0, help="simulator speed-up (default 50)")
     add("--limit", type=int, help="first N conversations")
+    add("--shortest", type=int, metavar="N", help="only the N shortest conversations")
     add("--concurrency", type=int, default=1, help="conversations in flight (default 1)")
     add("--max-tokens", type=int, help="max_tokens per step (real vLLM on a CPU: 16)")
     add("--profiles", default=",".join(PROFILES), help="comma-separated (default: all)")
     add("--out", type=Path, default=Path(".artifacts/replay-matrix"), help="JSON folder")
     return parser.parse_args()
+
+
+def shortest(traces: Path, count: int, folder: Path) -> Path:
+    """A JSONL of the ``count`` conversations with the fewest characters (a real engine on a
+    CPU replays those in minutes), in their original order."""
+    lines = traces.read_text().splitlines()
+    keep = sorted(sorted(range(len(lines)), key=lambda i: len(lines[i]))[:count])
+    subset = folder / f"shortest-{count}.jsonl"
+    subset.write_text("".join(lines[i] + "\n" for i in keep))
+    return subset
 
 
 def row(profile: str, direct: dict[str, Any], proxied: dict[str, Any]) -> str:
@@ -58,6 +69,8 @@ def row(profile: str, direct: dict[str, Any], proxied: dict[str, Any]) -> str:
 def main() -> int:
     args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.shortest:
+        args.traces = shortest(args.traces, args.shortest, args.out)
     print(
         "| profile | requests | cached share, steps >= 1 (direct) | (proxy) | computed "
         "tokens (direct) | (proxy) | TTFT p50 ms (direct) | (proxy) | errors |\n"
