@@ -14,15 +14,22 @@ from proxy.config import Settings
 from proxy.exchange import Recorder
 from proxy.metrics import Metrics
 from proxy.rewrite import Pipeline, Transform
+from proxy.rewrite.canonical_tools import canonical_tools
+from proxy.rewrite.restore import restore_history
+from proxy.rewrite.template_kwargs import pin_template_kwargs
+from proxy.rewrite.volatile import VolatileDetector, move_volatile
 from proxy.routes import CHAT_ROUTE, Handlers
+from proxy.sessions import MemoryStore
+from proxy.tracker import SessionTracker
 from proxy.upstream import Upstream
 
 PASSTHROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
 
 
 def default_transforms(settings: Settings) -> list[Transform]:
-    """The rewrite pipeline, in order. Empty until the rewrites land."""
-    return []
+    """The rewrite pipeline, in order. Restoration reads the client's own messages, so it
+    runs before anything that changes them."""
+    return [canonical_tools, pin_template_kwargs, restore_history, move_volatile]
 
 
 def create_app(
@@ -41,7 +48,12 @@ def create_app(
         default_transforms(settings) if transforms is None else transforms,
         disabled=settings.disabled_rewrites,
     )
-    handlers = Handlers(settings, upstream, pipeline, Recorder(metrics))
+    detector = VolatileDetector(settings.volatile_patterns)
+    tracker = None
+    if settings.sessions:
+        store = MemoryStore(settings.session_max, settings.session_ttl)
+        tracker = SessionTracker(store, detector, metrics)
+    handlers = Handlers(settings, upstream, pipeline, Recorder(metrics), tracker)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -17,3 +17,83 @@ def carries_token(choice: Any) -> bool:
         or delta.get("reasoning_content")
         or delta.get("reasoning")
     )
+
+
+class ReplyAssembler:
+    """Rebuilds the assistant message of a streamed reply from its chunks, exactly as
+    emitted: content, reasoning and each tool call's argument string, concatenated."""
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._arguments: dict[int, list[str]] = {}
+
+    def feed(self, payload: dict[str, Any]) -> None:
+        choices = payload.get("choices")
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict) or choice.get("index", 0) != 0:
+                continue
+            if isinstance(delta.get("content"), str):
+                self._content.append(delta["content"])
+            if isinstance(delta.get("reasoning_content"), str):
+                self._reasoning.append(delta["reasoning_content"])
+            for call in delta.get("tool_calls") or ():
+                if isinstance(call, dict):
+                    self._feed_call(call)
+
+    def _feed_call(self, call: dict[str, Any]) -> None:
+        index = call.get("index", 0)
+        known = self._calls.setdefault(index, {"type": "function", "function": {}})
+        if call.get("id"):
+            known["id"] = call["id"]
+        if call.get("type"):
+            known["type"] = call["type"]
+        function = call.get("function")
+        if not isinstance(function, dict):
+            return
+        if function.get("name"):
+            known["function"]["name"] = function["name"]
+        if isinstance(function.get("arguments"), str):
+            self._arguments.setdefault(index, []).append(function["arguments"])
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content)}
+        if self._reasoning:
+            message["reasoning_content"] = "".join(self._reasoning)
+        if self._calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.get("id"),
+                    "type": call["type"],
+                    "function": {
+                        "name": call["function"].get("name"),
+                        "arguments": "".join(self._arguments.get(index, [])),
+                    },
+                }
+                for index, call in sorted(self._calls.items())
+            ]
+        return message
+
+
+def reply_message(body: Any) -> dict[str, Any] | None:
+    """The assistant message of a non-streamed reply, as emitted."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        return None
+    kept = {"role": "assistant", "content": message.get("content")}
+    if message.get("reasoning_content"):
+        kept["reasoning_content"] = message["reasoning_content"]
+    if message.get("tool_calls"):
+        kept["tool_calls"] = [
+            {"id": c.get("id"), "type": c.get("type", "function"), "function": c.get("function")}
+            for c in message["tool_calls"]
+            if isinstance(c, dict)
+        ]
+    return kept

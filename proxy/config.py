@@ -65,6 +65,19 @@ class Settings:
     disabled_rewrites: tuple[str, ...] = _setting(
         (), "Rewrite transforms to switch off, by name (comma-separated in env and CLI)."
     )
+    sessions: bool = _setting(
+        True,
+        "Track conversations (needed by history restoration and prefix-break metrics).",
+    )
+    session_max: int = _setting(
+        10_000, "Sessions kept in memory; the least recently used beyond this are dropped."
+    )
+    session_ttl: float = _setting(3600.0, "Seconds an idle session is kept.")
+    volatile_patterns: tuple[str, ...] = _setting(
+        (),
+        "Extra regular expressions for volatile values in system prompts, moved to the "
+        "tail of the prompt (comma-separated in env and CLI; YAML list).",
+    )
     model_label_limit: int = _setting(
         32, "Distinct model names used as metric labels; later ones count as 'other'."
     )
@@ -86,6 +99,8 @@ class Settings:
             raise SettingsError("total_timeout must be >= 0 (0 = no limit)")
         if self.max_connections < 1:
             raise SettingsError("max_connections must be at least 1")
+        if self.session_max < 1 or self.session_ttl <= 0:
+            raise SettingsError("session_max must be at least 1 and session_ttl positive")
 
     @property
     def upstream_base(self) -> str:

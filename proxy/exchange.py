@@ -32,6 +32,9 @@ class Exchange:
     rewrite_failures: tuple[str, ...] = ()
     error_kind: str = ""
     client_disconnected: bool = False
+    prefix_break: str = ""  # proxy.prefix.REASONS; empty without a session
+    expected_cached: int | None = None
+    reply: dict[str, Any] | None = None  # the assistant message as emitted, when kept
 
     def mark_token(self, now: float) -> None:
         if self.first_token_at is None:
@@ -82,6 +85,10 @@ class Recorder:
             m.upstream_errors.labels(exchange.error_kind).inc()
         if exchange.client_disconnected:
             m.client_disconnects.labels(route).inc()
+        if exchange.prefix_break:
+            m.prefix_breaks.labels(exchange.prefix_break).inc()
+        if exchange.expected_cached is not None and exchange.usage is not None:
+            m.expected_cached_tokens.labels(route, model).inc(exchange.expected_cached)
         for name in exchange.rewrites:
             m.rewrites_applied.labels(name).inc()
         for name in exchange.rewrite_failures:
@@ -133,6 +140,9 @@ def _log_line(
         "completion_tokens": completion,
         "rewrites": list(exchange.rewrites),
     }
+    if exchange.prefix_break:
+        record["prefix"] = exchange.prefix_break
+        record["expected_cached_tokens"] = exchange.expected_cached
     if exchange.rewrite_failures:
         record["rewrite_failures"] = list(exchange.rewrite_failures)
     if exchange.error_kind:

@@ -186,3 +186,27 @@ class Metrics:
             ("route",),
             registry=registry,
         )
+        self.prefix_breaks = Counter(
+            "prefill_proxy_prefix_breaks",
+            "Requests by how their prompt continues the session's previous one (plus its "
+            "reply): none, new_session, system_changed, tools_changed, history_rewritten.",
+            ("reason",),
+            registry=registry,
+        )
+        self.expected_cached_tokens = Counter(
+            "prefill_proxy_expected_cached_prompt_tokens",
+            "Prompt tokens the engine should have had cached, from the session's previous "
+            "step; well above cached_prompt_tokens means the engine evicted the blocks.",
+            by_route_model,
+            registry=registry,
+        )
+        self.sessions_active = Gauge(
+            "prefill_proxy_sessions_active",
+            "Sessions held by the session store.",
+            registry=registry,
+        )
+        self.session_errors = Counter(
+            "prefill_proxy_session_errors",
+            "Session store failures (the request went on without its session: fail open).",
+            registry=registry,
+        )

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy import jsonio, sse
-from proxy.chunks import carries_token
+from proxy.chunks import ReplyAssembler, carries_token
 from proxy.errors import UpstreamError, sse_error_event
 from proxy.exchange import Exchange
 from proxy.upstream import UpstreamResponse
@@ -29,9 +29,10 @@ class ChatStreamWatcher:
     without usage, as the last field. Terminal chunks come last, so holding them delays
     no token. Every other byte is forwarded unchanged."""
 
-    def __init__(self, exchange: Exchange, *, strip_usage: bool) -> None:
+    def __init__(self, exchange: Exchange, *, strip_usage: bool, keep_reply: bool = False) -> None:
         self._exchange = exchange
         self._strip_usage = strip_usage
+        self._assembler = ReplyAssembler() if keep_reply else None
         self._splitter = sse.EventSplitter()
         self._held: list[bytes] = []
         self.error: Any = None
@@ -43,8 +44,11 @@ class ChatStreamWatcher:
         return b"".join(out)
 
     def flush(self) -> bytes:
+        """At the end of the stream: what was held back; the reply is complete now."""
         rest = b"".join(self._held) + self._splitter.flush()
         self._held = []
+        if self._assembler is not None:
+            self._exchange.reply = self._assembler.message()
         return rest
 
     def _route(self, event: bytes, now: float, out: list[bytes]) -> None:
@@ -56,6 +60,8 @@ class ChatStreamWatcher:
             return
         if "error" in payload:
             self.error = payload["error"]
+        if self._assembler is not None:
+            self._assembler.feed(payload)
         usage = payload.get("usage")
         if isinstance(usage, dict):
             self._exchange.usage = usage

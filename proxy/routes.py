@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
@@ -11,13 +13,15 @@ from starlette.responses import Response
 
 from proxy import headers as hdrs
 from proxy import jsonio
+from proxy.chunks import reply_message
 from proxy.config import Settings
 from proxy.errors import BadRequest, BodyTooLarge, ProxyError, UpstreamError
 from proxy.exchange import Exchange, Recorder
 from proxy.relay import ChatStreamWatcher, RelayResponse, relay_chunks
 from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.stream_usage import request_usage
-from proxy.upstream import Upstream
+from proxy.tracker import SessionTracker, Turn
+from proxy.upstream import Upstream, UpstreamResponse
 
 CHAT_ROUTE = "/v1/chat/completions"
 KNOWN_ROUTES = frozenset(
@@ -61,25 +65,32 @@ def parse_chat_request(body: bytes) -> dict:
     return payload
 
 
-def usage_of(body: bytes) -> dict | None:
+def read_reply(body: bytes) -> tuple[dict | None, dict | None]:
+    """(usage, the assistant message as emitted) of a non-streamed reply."""
     try:
         payload = jsonio.loads(body)
     except jsonio.InvalidJSON:
-        return None
+        return None, None
     usage = payload.get("usage") if isinstance(payload, dict) else None
-    return usage if isinstance(usage, dict) else None
+    return (usage if isinstance(usage, dict) else None), reply_message(payload)
 
 
 class Handlers:
     """The proxy's endpoints, bound to their dependencies."""
 
     def __init__(
-        self, settings: Settings, upstream: Upstream, pipeline: Pipeline, recorder: Recorder
+        self,
+        settings: Settings,
+        upstream: Upstream,
+        pipeline: Pipeline,
+        recorder: Recorder,
+        sessions: SessionTracker | None = None,
     ) -> None:
         self.settings = settings
         self.upstream = upstream
         self.pipeline = pipeline
         self.recorder = recorder
+        self.sessions = sessions
 
     async def chat_completions(self, request: Request) -> Response:
         exchange = self.recorder.begin(CHAT_ROUTE, request.method)
@@ -88,7 +99,10 @@ class Handlers:
             payload = parse_chat_request(body)
             exchange.model = str(payload.get("model") or "")
             exchange.stream = payload.get("stream") is True
-            forwarded = self._rewrite(payload, request, exchange)
+            turn = self.sessions.open(request.headers, payload) if self.sessions else None
+            forwarded = self._rewrite(payload, request, exchange, turn)
+            if turn is not None and self.sessions is not None:
+                self.sessions.forward(turn, forwarded, exchange)
             strip_usage = False
             if exchange.stream and (with_usage := request_usage(forwarded)) is not None:
                 forwarded, strip_usage = with_usage, True
@@ -96,7 +110,7 @@ class Handlers:
             if self.settings.log_bodies:
                 body_log.info("request %s", content.decode(errors="replace"))
             return await self._forward(
-                request, exchange, content, chat=True, strip_usage=strip_usage
+                request, exchange, content, chat=True, strip_usage=strip_usage, turn=turn
             )
         except ProxyError as error:
             return self._fail(exchange, error)
@@ -130,12 +144,19 @@ class Handlers:
         registry = self.recorder.metrics.registry
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    def _rewrite(self, payload: dict, request: Request, exchange: Exchange) -> dict:
+    def _rewrite(
+        self, payload: dict, request: Request, exchange: Exchange, turn: Turn | None
+    ) -> dict:
         if not (self.pipeline and self.settings.rewrite):
             return payload
         if request.headers.get(REWRITE_HEADER, "").strip().lower() == "off":
             return payload
-        result = self.pipeline.apply(payload, RewriteContext(headers=request.headers))
+        context = RewriteContext(
+            headers=request.headers,
+            session=turn.session if turn is not None else None,
+            volatile=self.sessions.detector if self.sessions is not None else None,
+        )
+        result = self.pipeline.apply(payload, context)
         exchange.rewrites, exchange.rewrite_failures = result.applied, result.failed
         return result.request
 
@@ -147,6 +168,7 @@ class Handlers:
         *,
         chat: bool,
         strip_usage: bool = False,
+        turn: Turn | None = None,
     ) -> Response:
         scope = request.scope
         path = scope.get("raw_path") or scope["path"].encode()
@@ -165,20 +187,37 @@ class Handlers:
         out_headers = hdrs.client_response(
             upstream.headers, exchange.overhead_ms_header, keep_length=not strip_usage
         )
+        finish = functools.partial(self._finish, turn)
         if chat and not (exchange.stream and hdrs.is_event_stream(upstream.headers)):
-            return await self._buffered(upstream, exchange, out_headers)
-        watcher = ChatStreamWatcher(exchange, strip_usage=strip_usage) if chat else None
+            return await self._buffered(upstream, exchange, out_headers, finish)
+        watcher = None
+        if chat:
+            watcher = ChatStreamWatcher(
+                exchange, strip_usage=strip_usage, keep_reply=turn is not None
+            )
         return RelayResponse(
             relay_chunks(upstream, exchange, watcher),
             status=upstream.status,
             headers=out_headers,
             upstream=upstream,
             exchange=exchange,
-            on_finish=self.recorder.finish,
+            on_finish=finish,
         )
 
-    async def _buffered(self, upstream, exchange: Exchange, headers) -> Response:
-        """A non-streamed chat reply: small, and vLLM sends it at once; read it for usage."""
+    def _finish(self, turn: Turn | None, exchange: Exchange) -> None:
+        if turn is not None and self.sessions is not None:
+            self.sessions.close(turn, exchange)
+        self.recorder.finish(exchange)
+
+    async def _buffered(
+        self,
+        upstream: UpstreamResponse,
+        exchange: Exchange,
+        headers: list[tuple[bytes, bytes]],
+        finish: Callable[[Exchange], None],
+    ) -> Response:
+        """A non-streamed chat reply: small, and vLLM sends it at once; read it for usage
+        and the reply."""
         try:
             body = await upstream.read()
         except UpstreamError as error:
@@ -187,12 +226,12 @@ class Handlers:
         finally:
             await upstream.aclose()
         if exchange.status == 200:
-            exchange.usage = usage_of(body)
+            exchange.usage, exchange.reply = read_reply(body)
         if self.settings.log_bodies:
             body_log.info("response %s", body.decode(errors="replace"))
         response = Response(body, status_code=exchange.status)
         response.raw_headers = hdrs.with_length(headers, len(body))
-        self.recorder.finish(exchange)
+        finish(exchange)
         return response
 
     def _fail(self, exchange: Exchange, error: ProxyError) -> Response:

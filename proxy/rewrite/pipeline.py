@@ -12,16 +12,35 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from proxy.sessions import Session
+
 log = logging.getLogger("prefill_proxy.rewrite")
 
 Request = dict[str, Any]
 
 
+class Detector(Protocol):
+    """Finds volatile values (dates, ids) in text: proxy.rewrite.volatile.VolatileDetector."""
+
+    def mask(self, text: str) -> str: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class RewriteContext:
-    """What a transform may read besides the request (settings, later the session view)."""
+    """What a transform may read besides the request. The session is read only here: the
+    proxy records into it after the reply, outside the pipeline."""
 
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    session: Session | None = None
+    volatile: Detector | None = None
+
+    @property
+    def mask(self) -> Callable[[str], str] | None:
+        return self.volatile.mask if self.volatile is not None else None
+
+    @property
+    def pinned_template_kwargs(self) -> Mapping[str, Any]:
+        return self.session.pinned_template_kwargs if self.session is not None else {}
 
 
 class Transform(Protocol):

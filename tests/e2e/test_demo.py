@@ -39,5 +39,8 @@ def test_demo_runs_to_completion(tmp_path: Path) -> None:
     direct, proxied = runs["direct"]["summary"], runs["proxy"]["summary"]
     assert direct["requests"] == proxied["requests"] > 10
     assert direct["errors"] == proxied["errors"] == 0
-    # No rewrite changes the prompt yet: the engine sees the same tokens either way.
-    assert direct["prompt_tokens"] == proxied["prompt_tokens"] > 0
+    # The demo's client (profile mixed) breaks the prefix on every request; through the
+    # proxy the prompt is stable again, so the engine computes a fraction of it.
+    assert direct["cached_share_after_first_step"] < 0.05
+    assert proxied["cached_share_after_first_step"] > 0.85
+    assert proxied["computed_tokens"] < direct["computed_tokens"] / 4

@@ -1,0 +1,84 @@
+"""Prefix continuity between a session's requests: did this request start with the previous
+one plus its reply (what the engine has cached), and if not, where and why did it break?
+Also what a session remembers after each reply. No I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.sessions import Session
+from proxy.transcript import Mask, chain_keys, exact_chain, next_key
+
+REASONS = ("new_session", "none", "system_changed", "tools_changed", "history_rewritten")
+
+
+@dataclasses.dataclass(frozen=True)
+class Continuity:
+    reason: str  # one of REASONS
+    matched: int  # leading messages equal to the previous request's (reply included)
+    # Prompt tokens the engine should find cached, from the previous step's usage: all of
+    # the previous prompt and reply when nothing broke, else that share of it (estimate).
+    expected_cached: int
+
+
+def tools_digest(tools: Any) -> bytes:
+    encoded = json.dumps(tools, ensure_ascii=False, default=str).encode()
+    return hashlib.blake2b(encoded, digest_size=16).digest()
+
+
+def classify(session: Session | None, messages: Sequence[Any], tools: Any) -> Continuity:
+    if session is None or not session.last_chain:
+        return Continuity("new_session", 0, 0)
+    chain = exact_chain(messages)
+    matched = 0
+    for now, before in zip(chain, session.last_chain, strict=False):
+        if now != before:
+            break
+        matched += 1
+    previous = session.last_prompt_tokens + session.last_completion_tokens
+    if tools_digest(tools) != session.last_tools:
+        return Continuity("tools_changed", matched, 0)
+    if matched >= min(len(chain), len(session.last_chain)):
+        return Continuity("none", matched, previous)
+    share = matched / len(session.last_chain)
+    first = messages[matched] if matched < len(messages) else None
+    system = isinstance(first, dict) and first.get("role") in ("system", "developer")
+    reason = "system_changed" if system else "history_rewritten"
+    return Continuity(reason, matched, int(previous * share))
+
+
+def remember(
+    session: Session,
+    client_messages: Sequence[Any],
+    forwarded: Sequence[Any],
+    tools: Any,
+    reply: dict[str, Any] | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    mask: Mask | None,
+) -> None:
+    """After a reply: record what was sent in place of each client message, and the reply
+    as emitted, so the next request's history can be restored to exactly these bytes."""
+    keys = chain_keys(client_messages, mask)
+    if len(forwarded) == len(client_messages):
+        for key, sent, given in zip(keys, forwarded, client_messages, strict=True):
+            # A system prompt is rewritten afresh every time (its volatile values move to
+            # the newest message); restoring an old one would hide the new values.
+            if sent != given and not _is_system(given):
+                session.substitute(key, sent)
+    sent_all = list(forwarded)
+    if reply is not None:
+        session.substitute(next_key(keys[-1] if keys else None, reply, mask), reply)
+        sent_all.append(reply)
+    session.last_chain = tuple(exact_chain(sent_all))
+    session.last_tools = tools_digest(tools)
+    session.last_prompt_tokens = prompt_tokens
+    session.last_completion_tokens = completion_tokens
+
+
+def _is_system(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") in ("system", "developer")

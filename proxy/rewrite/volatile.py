@@ -1,0 +1,249 @@
+"""Volatile values (clocks, dates, UUIDs, request ids) moved out of the system prompt.
+
+A system prompt that carries the current time changes on every request, and vLLM reuses
+KV blocks only for an exact token prefix: the whole conversation is prefilled again at
+every step. The lines that carry such values are moved, verbatim and in order, into a
+fixed-format note at the end of the newest user or tool message::
+
+    <that message's text>
+
+    [Context moved from the system prompt: it changes on every request]
+    <moved line 1>
+    <moved line 2>
+
+String content gets the note appended (``content + note_for(lines)``); list content gets
+it as one more part (``{"type": "text", "text": note_for(lines)}``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.rewrite.pipeline import Request, RewriteContext, transform
+
+NOTE_HEADER = "[Context moved from the system prompt: it changes on every request]"
+PLACEHOLDER = "<volatile>"
+SOURCE_ROLES = frozenset({"system", "developer"})
+TARGET_ROLES = frozenset({"user", "tool"})
+
+_WEEKDAY = (
+    r"(?:Mon(?:day)?|Tue(?:s|sday)?|Wed(?:nesday)?|Thu(?:r|rs|rsday)?|Fri(?:day)?"
+    r"|Sat(?:urday)?|Sun(?:day)?)\.?"
+)
+_MONTH = (
+    r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?"
+    r"|Sep(?:t|tember)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
+)
+_YEAR = r"(?:19|20)\d\d"
+_MM = r"(?:0[1-9]|1[0-2])"
+_DD = r"(?:0[1-9]|[12]\d|3[01])"
+_M = r"(?:0?[1-9]|1[0-2])"
+_D = r"(?:0?[1-9]|[12]\d|3[01])"
+_ORDINAL = r"(?:st|nd|rd|th)?"
+_DATE = (
+    rf"(?:{_YEAR}-{_MM}-{_DD}"  # 2026-11-29
+    rf"|{_YEAR}/{_MM}/{_DD}"  # 2026/11/29
+    rf"|{_M}/{_D}/{_YEAR}"  # 11/29/2026
+    rf"|{_D}\.{_M}\.{_YEAR}"  # 29.11.2026
+    rf"|{_MONTH} {_D}{_ORDINAL},? {_YEAR}"  # November 29, 2026
+    rf"|{_D}{_ORDINAL} {_MONTH},? {_YEAR})"  # 29 Nov 2026
+)
+# A day without a year ("Sunday, November 29") counts only after a weekday.
+_SHORT_DATE = rf"(?:{_MONTH} {_D}{_ORDINAL}|{_D}{_ORDINAL} {_MONTH})"
+_ZONE = (
+    r"(?:\s?(?:Z|[+-](?:[01]\d|2[0-3]):?[0-5]\d)"  # Z, +01:00
+    r"|\s(?:UTC|GMT)(?:[+-]\d\d?(?::?\d\d)?)?"  # UTC, GMT+1
+    r"|\s[A-Z]{2,4}T)"  # EST, CEST
+)
+_TIME = (
+    r"(?:(?:[01]?\d|2[0-3]):[0-5]\d:[0-5]\d(?:[.,]\d+)?(?:\s?[AaPp]\.?[Mm]\b\.?)?"  # 10:15:42
+    r"|(?:0?[1-9]|1[0-2]):[0-5]\d\s?[AaPp]\.?[Mm]\b\.?"  # 10:15 AM
+    r"|(?:[01]\d|2[0-3]):[0-5]\d(?![:\d]))"  # 14:30 (two-digit hour only)
+    rf"{_ZONE}?"
+)
+_DATETIME = (
+    rf"(?:{_WEEKDAY},?\s+(?:{_DATE}|{_SHORT_DATE})|{_DATE})"
+    rf"(?:(?:T|\s+|,\s*|\s+at\s+){_TIME})?"
+)
+_UUID = r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
+# Unix time in seconds or milliseconds from mid-2017 to mid-2036, standing alone.
+_UNIX = r"(?:1[5-9]|20)\d{8}(?:\d{3})?"
+# An id only where it is labelled as one, and only if the value has a digit in it.
+_MARKED_ID = (
+    r"(?i:\b(?:request|req|trace|span|correlation|session|run|message|call|invocation)"
+    r"[ _-]?id\b\s*[:=#]?\s*[\"']?)(?P<value>(?=[\w.:-]*\d)[\w.:-]{4,})"
+)
+
+BUILTIN_PATTERNS: tuple[str, ...] = (
+    rf"(?<![\w/.:-])(?:{_DATETIME})(?![\w/-]|\.\d)",
+    rf"(?<![\w-]){_UUID}(?![\w-])",
+    rf"(?<![\w.:/-]){_UNIX}(?![\w:/-]|\.\d)",
+    # No bare time of day: in system prompts those are opening hours and format examples
+    # ("from 8:00 to 20:00", '"02:30:00" means 2:30 AM'), stable text; a current time
+    # comes with its date, which the pattern above takes together.
+    _MARKED_ID,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class VolatileDetector:
+    """Finds values that change from one request to the next. Build it once (the regular
+    expressions compile here, a bad one raises ``re.error``); ``extra_patterns`` come from
+    settings. A pattern with a group named ``value`` marks only that group as volatile
+    (its label stays when masking)."""
+
+    extra_patterns: tuple[str, ...] = ()
+    _regexes: tuple[re.Pattern[str], ...] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        patterns = (*BUILTIN_PATTERNS, *self.extra_patterns)
+        object.__setattr__(self, "_regexes", tuple(re.compile(p) for p in patterns))
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """The volatile spans of ``text``, sorted, overlapping ones merged."""
+        found = sorted(
+            match.span("value" if "value" in regex.groupindex else 0)
+            for regex in self._regexes
+            for match in regex.finditer(text)
+            if match.end() > match.start()
+        )
+        merged: list[tuple[int, int]] = []
+        for start, end in found:
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+            else:
+                merged.append((start, end))
+        return merged
+
+    def finds(self, text: str) -> bool:
+        return any(regex.search(text) for regex in self._regexes)
+
+    def mask(self, text: str) -> str:
+        """``text`` with each volatile span replaced by ``PLACEHOLDER``: two prompts that
+        differ only in volatile values mask to the same string."""
+        pieces, last = [], 0
+        for start, end in self.spans(text):
+            pieces += [text[last:start], PLACEHOLDER]
+            last = end
+        return "".join([*pieces, text[last:]])
+
+    def split(self, text: str) -> tuple[str, list[str]]:
+        """(``text`` without its volatile lines, those lines in order). Lines split on
+        ``\\n`` only. A moved line at the start or after a blank line takes the blank lines
+        that follow it along, so "<clock>\\n\\n<prompt>" leaves exactly "<prompt>"."""
+        kept: list[str] = []
+        moved: list[str] = []
+        eat_blanks = False
+        for line in text.split("\n"):
+            if self.finds(line):
+                moved.append(line)
+                eat_blanks = eat_blanks or not kept or kept[-1] == ""
+            elif line == "" and eat_blanks:
+                continue
+            else:
+                kept.append(line)
+                eat_blanks = False
+        return "\n".join(kept), moved
+
+
+DEFAULT_DETECTOR = VolatileDetector()
+
+
+def detector_of(context: RewriteContext) -> VolatileDetector:
+    """The settings' detector the context carries, else the built-in one."""
+    volatile = context.volatile
+    return volatile if isinstance(volatile, VolatileDetector) else DEFAULT_DETECTOR
+
+
+def note_for(lines: Sequence[str]) -> str:
+    """The note that carries ``lines`` to the tail; its start never changes."""
+    return "\n\n" + "\n".join([NOTE_HEADER, *lines])
+
+
+@transform("move_volatile")
+def move_volatile(request: Request, context: RewriteContext) -> Request | None:
+    """Volatile lines of system and developer messages moved to a note at the end of the
+    newest user or tool message. None when there is nothing to move, no such message to
+    carry the note, or the messages are not the shape this can handle."""
+    messages = request.get("messages")
+    if not isinstance(messages, list):
+        return None
+    detector = (
+        context.volatile if isinstance(context.volatile, VolatileDetector) else DEFAULT_DETECTOR
+    )
+    target = _target(messages)
+    if target is None:
+        return None
+    rewritten = list(messages)
+    moved: list[str] = []
+    for index, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") in SOURCE_ROLES:
+            content, lines = _split_content(message.get("content"), detector)
+            if lines:
+                rewritten[index] = {**message, "content": content}
+                moved += lines
+    if not moved:
+        return None
+    session = context.session
+    if session is not None and tuple(moved) == session.last_note_lines:
+        # Unchanged since the last note, which the session's history still carries (it
+        # is restored with the message it was added to): no need to say it again.
+        return {**request, "messages": rewritten}
+    carrier = rewritten[target]
+    rewritten[target] = {**carrier, "content": _append(carrier["content"], note_for(moved))}
+    return {**request, "messages": rewritten}
+
+
+def volatile_lines(messages: Any, detector: VolatileDetector) -> tuple[str, ...]:
+    """The lines ``move_volatile`` moves out of these messages, in order."""
+    if not isinstance(messages, list):
+        return ()
+    moved: list[str] = []
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") in SOURCE_ROLES:
+            moved += _split_content(message.get("content"), detector)[1]
+    return tuple(moved)
+
+
+def _target(messages: list[Any]) -> int | None:
+    """The newest user or tool message whose content can take a note."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, dict) and message.get("role") in TARGET_ROLES:
+            return index if isinstance(message.get("content"), str | list) else None
+    return None
+
+
+def _split_content(content: Any, detector: VolatileDetector) -> tuple[Any, list[str]]:
+    if isinstance(content, str):
+        return detector.split(content)
+    if not isinstance(content, list):
+        return content, []
+    parts: list[Any] = []
+    moved: list[str] = []
+    for part in content:
+        if _is_text_part(part):
+            text, lines = detector.split(part["text"])
+            moved += lines
+            if lines and not text:
+                continue  # the part held only volatile lines (a prepended clock part)
+            part = {**part, "text": text} if lines else part
+        parts.append(part)
+    if moved and not parts:  # keep one part: an empty list is not valid content
+        parts = [{"type": "text", "text": ""}]
+    return parts, moved
+
+
+def _is_text_part(part: Any) -> bool:
+    return (
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    )
+
+
+def _append(content: str | list[Any], note: str) -> str | list[Any]:
+    if isinstance(content, str):
+        return content + note
+    return [*content, {"type": "text", "text": note}]

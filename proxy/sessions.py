@@ -1,0 +1,136 @@
+"""Sessions: which conversation a request belongs to, and what the proxy keeps about it.
+
+No agent client sends a session id (shared/FACTS.md), so the usual key is a fingerprint of
+the conversation's stable head: the system prompt without its volatile values, the tools
+in canonical form, and the first user message, which usually states the task.
+Conversations that share all three share a session; that is harmless, because what a
+session holds is keyed by the conversation's own chained message keys (proxy.transcript).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from proxy.transcript import Mask
+
+SESSION_HEADER = "x-session-id"
+# Per session, the substitutions kept (oldest dropped first): a long agent session makes
+# one or two per step, so this covers thousands of steps.
+MAX_SUBSTITUTIONS = 4096
+
+
+@dataclasses.dataclass
+class Session:
+    """What the proxy remembers of one conversation."""
+
+    key: str
+    # chain key of a message as the client sends it -> the message to forward instead
+    # (the assistant output as emitted, a user message with its context note, ...)
+    substitutions: collections.OrderedDict[bytes, dict[str, Any]] = dataclasses.field(
+        default_factory=collections.OrderedDict
+    )
+    pinned_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The volatile system-prompt lines last moved into a note (proxy.rewrite.volatile).
+    last_note_lines: tuple[str, ...] = ()
+    # The last forwarded conversation (messages + the reply), as exact-bytes hash chain.
+    last_chain: tuple[bytes, ...] = ()
+    last_tools: bytes = b""
+    last_prompt_tokens: int = 0
+    last_completion_tokens: int = 0
+    touched: float = 0.0
+
+    def substitute(self, key: bytes, message: dict[str, Any]) -> None:
+        self.substitutions[key] = message
+        self.substitutions.move_to_end(key)
+        while len(self.substitutions) > MAX_SUBSTITUTIONS:
+            self.substitutions.popitem(last=False)
+
+
+def identify(headers: Mapping[str, str], request: Mapping[str, Any], mask: Mask) -> tuple[str, str]:
+    """(session key, where it came from: header, user, prompt_cache_key or fingerprint)."""
+    explicit = headers.get(SESSION_HEADER)
+    if explicit:
+        return "h:" + explicit, "header"
+    for field in ("user", "prompt_cache_key"):
+        value = request.get(field)
+        if isinstance(value, str) and value:
+            return f"{field[0]}:{value}", field
+    return "f:" + fingerprint(request, mask), "fingerprint"
+
+
+def fingerprint(request: Mapping[str, Any], mask: Mask) -> str:
+    messages = request.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    head: list[Any] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role, content = message.get("role"), message.get("content")
+        if role in ("system", "developer"):
+            head.append([role, mask(content) if isinstance(content, str) else content])
+        elif role == "user":
+            head.append(["user", content])
+            break
+    tools = request.get("tools")
+    if isinstance(tools, list):
+        named = [t for t in tools if isinstance(t, dict)]
+        head.append(sorted(json.dumps(t, sort_keys=True, default=str) for t in named))
+    encoded = json.dumps(head, sort_keys=True, ensure_ascii=False, default=str).encode()
+    return hashlib.blake2b(encoded, digest_size=12).hexdigest()
+
+
+class SessionStore(Protocol):
+    def get(self, key: str) -> Session | None: ...
+
+    def put(self, session: Session) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
+class MemoryStore:
+    """Sessions in this process: least recently used dropped beyond ``max_sessions``, and
+    any idle for ``ttl_s`` seconds."""
+
+    def __init__(
+        self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
+        self._max = max_sessions
+        self._ttl = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Session | None:
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            session = self._sessions.get(key)
+            if session is not None:
+                session.touched = now
+                self._sessions.move_to_end(key)
+            return session
+
+    def put(self, session: Session) -> None:
+        with self._lock:
+            session.touched = self._clock()
+            self._sessions[session.key] = session
+            self._sessions.move_to_end(session.key)
+            while len(self._sessions) > self._max:
+                self._sessions.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def _expire(self, now: float) -> None:
+        while self._sessions:
+            oldest = next(iter(self._sessions.values()))
+            if now - oldest.touched < self._ttl:
+                return
+            self._sessions.popitem(last=False)

@@ -1,0 +1,85 @@
+"""Sessions around a chat request: find the session, judge the prompt's continuity, and
+record the reply afterwards. Failing open: a store error costs the session, not the request."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from proxy import prefix
+from proxy.exchange import Exchange, token_counts
+from proxy.metrics import Metrics
+from proxy.rewrite.template_kwargs import pinnable
+from proxy.rewrite.volatile import VolatileDetector, volatile_lines
+from proxy.sessions import Session, SessionStore, identify
+
+log = logging.getLogger("prefill_proxy.sessions")
+
+
+@dataclasses.dataclass
+class Turn:
+    """One request of a session, from lookup to recorded reply."""
+
+    session: Session
+    client_messages: list[Any]
+    forwarded_messages: list[Any] = dataclasses.field(default_factory=list)
+    tools: Any = None
+    template_kwargs: Any = None
+
+
+class SessionTracker:
+    def __init__(self, store: SessionStore, detector: VolatileDetector, metrics: Metrics) -> None:
+        self.store = store
+        self.detector = detector
+        self._metrics = metrics
+
+    def open(self, headers: Mapping[str, str], request: dict[str, Any]) -> Turn | None:
+        messages = request.get("messages")
+        if not isinstance(messages, list):
+            return None
+        try:
+            key, _source = identify(headers, request, self.detector.mask)
+            session = self.store.get(key) or Session(key)
+        except Exception:  # fail open: the request goes on without its session
+            log.exception("session lookup failed")
+            self._metrics.session_errors.inc()
+            return None
+        return Turn(session, messages)
+
+    def forward(self, turn: Turn, forwarded: dict[str, Any], exchange: Exchange) -> None:
+        """The request as it goes upstream: how it continues the session's last one."""
+        messages = forwarded.get("messages")
+        turn.forwarded_messages = messages if isinstance(messages, list) else []
+        turn.tools = forwarded.get("tools")
+        turn.template_kwargs = forwarded.get("chat_template_kwargs")
+        continuity = prefix.classify(turn.session, turn.forwarded_messages, turn.tools)
+        exchange.prefix_break = continuity.reason
+        exchange.expected_cached = continuity.expected_cached
+
+    def close(self, turn: Turn, exchange: Exchange) -> None:
+        """After the reply: remember it (only a complete, successful one)."""
+        counts = token_counts(exchange.usage)
+        if exchange.status != 200 or exchange.reply is None or counts is None:
+            return
+        try:
+            prefix.remember(
+                turn.session,
+                turn.client_messages,
+                turn.forwarded_messages,
+                turn.tools,
+                exchange.reply,
+                prompt_tokens=counts[0],
+                completion_tokens=counts[2],
+                mask=self.detector.mask,
+            )
+            # The first values seen stay pinned for the session (setdefault: first wins).
+            for key, value in pinnable(turn.template_kwargs, self.detector).items():
+                turn.session.pinned_template_kwargs.setdefault(key, value)
+            turn.session.last_note_lines = volatile_lines(turn.client_messages, self.detector)
+            self.store.put(turn.session)
+            self._metrics.sessions_active.set(len(self.store))
+        except Exception:  # fail open
+            log.exception("session update failed")
+            self._metrics.session_errors.inc()

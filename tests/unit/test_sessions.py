@@ -1,0 +1,163 @@
+"""Sessions, message keys, prefix continuity and history restoration (pure parts)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from proxy import prefix
+from proxy.rewrite import RewriteContext
+from proxy.rewrite.restore import restore_history
+from proxy.sessions import MemoryStore, Session, identify
+from proxy.transcript import chain_keys, exact_chain
+
+SYSTEM = {"role": "system", "content": "You are an airline agent. Today is 2026-11-29."}
+USER = {"role": "user", "content": "Change my flight ABC123 to Friday."}
+EMITTED = {
+    "role": "assistant",
+    "content": None,
+    "reasoning_content": "The user wants a change.",
+    "tool_calls": [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_reservation", "arguments": '{"id":"ABC123"}'},
+        }
+    ],
+}
+RESULT = {"role": "tool", "tool_call_id": "call_1", "content": '{"flights": 2}'}
+
+
+def mask(text: str) -> str:
+    return text.replace("2026-11-29", "<date>").replace("2026-11-30", "<date>")
+
+
+def as_langchain_sends_it(message: dict) -> dict:
+    """Arguments re-serialized with spaces, null content as "", reasoning dropped."""
+    call = message["tool_calls"][0]
+    arguments = json.dumps(json.loads(call["function"]["arguments"]))
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{**call, "function": {**call["function"], "arguments": arguments}}],
+    }
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        as_langchain_sends_it(EMITTED),
+        {**EMITTED, "content": ""},
+        {k: v for k, v in EMITTED.items() if k != "reasoning_content"},
+    ],
+)
+def test_form_changes_keep_the_key(changed: dict) -> None:
+    assert chain_keys([SYSTEM, USER, changed]) == chain_keys([SYSTEM, USER, EMITTED])
+
+
+def test_meaning_changes_change_the_key_and_every_later_one() -> None:
+    other = copy.deepcopy(EMITTED)
+    other["tool_calls"][0]["function"]["arguments"] = '{"id":"XYZ999"}'
+    before = chain_keys([SYSTEM, USER, EMITTED, RESULT])
+    after = chain_keys([SYSTEM, USER, other, RESULT])
+    assert before[:2] == after[:2] and before[2] != after[2] and before[3] != after[3]
+
+
+def test_volatile_values_of_the_system_prompt_do_not_change_keys() -> None:
+    tomorrow = {**SYSTEM, "content": SYSTEM["content"].replace("29", "30")}
+    assert chain_keys([tomorrow, USER], mask) == chain_keys([SYSTEM, USER], mask)
+    assert chain_keys([tomorrow, USER]) != chain_keys([SYSTEM, USER])
+
+
+class Detector:
+    mask = staticmethod(mask)
+
+
+def context(session: Session) -> RewriteContext:
+    return RewriteContext(session=session, volatile=Detector())
+
+
+def remembered_session() -> Session:
+    session = Session("s")
+    prefix.remember(session, [SYSTEM, USER], [SYSTEM, USER], None, EMITTED, 100, 20, mask)
+    return session
+
+
+def test_re_serialized_reply_is_restored_to_the_emitted_bytes() -> None:
+    request = {"messages": [SYSTEM, USER, as_langchain_sends_it(EMITTED), RESULT]}
+    restored = restore_history(request, context(remembered_session()))
+    assert restored is not None
+    assert restored["messages"] == [SYSTEM, USER, EMITTED, RESULT]
+    assert request["messages"][2] != EMITTED  # the input is not mutated
+
+
+def test_a_changed_meaning_is_forwarded_as_the_client_sent_it() -> None:
+    edited = as_langchain_sends_it(EMITTED)
+    edited["tool_calls"][0]["function"]["arguments"] = '{"id": "ZZZ"}'
+    request = {"messages": [SYSTEM, USER, edited, RESULT]}
+    assert restore_history(request, context(remembered_session())) is None
+
+
+def test_continuity_reasons() -> None:
+    session = remembered_session()
+    tools = None
+    grown = [SYSTEM, USER, EMITTED, RESULT]
+    assert prefix.classify(None, grown, tools).reason == "new_session"
+    same = prefix.classify(session, grown, tools)
+    assert (same.reason, same.matched, same.expected_cached) == ("none", 3, 120)
+    other_system = [{**SYSTEM, "content": "New rules."}, USER, EMITTED, RESULT]
+    assert prefix.classify(session, other_system, tools).reason == "system_changed"
+    rewritten = [SYSTEM, USER, as_langchain_sends_it(EMITTED), RESULT]
+    broken = prefix.classify(session, rewritten, tools)
+    assert (broken.reason, broken.matched) == ("history_rewritten", 2)
+    assert prefix.classify(session, grown, [{"type": "function"}]).reason == "tools_changed"
+
+
+def test_remember_keeps_the_forwarded_chain_with_the_reply() -> None:
+    session = remembered_session()
+    assert session.last_chain == tuple(exact_chain([SYSTEM, USER, EMITTED]))
+    assert (session.last_prompt_tokens, session.last_completion_tokens) == (100, 20)
+
+
+def test_system_prompts_are_never_restored() -> None:
+    """Their volatile values move to the newest message on each request instead."""
+    session = Session("s")
+    stripped = {**SYSTEM, "content": "You are an airline agent."}
+    prefix.remember(session, [SYSTEM, USER], [stripped, USER], None, EMITTED, 1, 1, mask)
+    assert chain_keys([SYSTEM], mask)[0] not in session.substitutions
+
+
+def test_identity_order_header_user_cache_key_fingerprint() -> None:
+    request = {"messages": [SYSTEM, USER], "user": "u1", "prompt_cache_key": "k1"}
+    assert identify({"x-session-id": "abc"}, request, mask) == ("h:abc", "header")
+    assert identify({}, request, mask) == ("u:u1", "user")
+    assert identify({}, {**request, "user": ""}, mask) == ("p:k1", "prompt_cache_key")
+    key, source = identify({}, {"messages": [SYSTEM, USER]}, mask)
+    assert source == "fingerprint"
+    tomorrow = {**SYSTEM, "content": SYSTEM["content"].replace("29", "30")}
+    assert identify({}, {"messages": [tomorrow, USER, EMITTED]}, mask)[0] == key
+    other_task = {"role": "user", "content": "Cancel my flight."}
+    assert identify({}, {"messages": [SYSTEM, other_task]}, mask)[0] != key
+
+
+def test_memory_store_is_bounded_by_count_and_idle_time() -> None:
+    now = [0.0]
+    store = MemoryStore(max_sessions=2, ttl_s=10, clock=lambda: now[0])
+    for key in ("a", "b", "c"):
+        store.put(Session(key))
+    assert store.get("a") is None and len(store) == 2  # least recently used went first
+    now[0] = 5
+    assert store.get("b") is not None  # touched at 5
+    now[0] = 12
+    assert store.get("c") is None  # idle since 0
+    assert store.get("b") is not None
+
+
+def test_substitutions_per_session_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("proxy.sessions.MAX_SUBSTITUTIONS", 3)
+    session = Session("s")
+    for index in range(5):
+        session.substitute(bytes([index]), {"n": index})
+    assert list(session.substitutions) == [bytes([2]), bytes([3]), bytes([4])]
