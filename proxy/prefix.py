@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from proxy import jsonio
 from proxy.sessions import Session
 from proxy.transcript import Mask, chain_keys, exact_chain, next_key
 
@@ -26,8 +26,7 @@ class Continuity:
 
 
 def tools_digest(tools: Any) -> bytes:
-    encoded = json.dumps(tools, ensure_ascii=False, default=str).encode()
-    return hashlib.blake2b(encoded, digest_size=16).digest()
+    return hashlib.blake2b(jsonio.dumps_canonical(tools), digest_size=16).digest()
 
 
 def classify(session: Session | None, messages: Sequence[Any], tools: Any) -> Continuity:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from proxy import jsonio
 from proxy.transcript import Mask
 
 SESSION_HEADER = "x-session-id"
@@ -81,9 +81,8 @@ def fingerprint(request: Mapping[str, Any], mask: Mask) -> str:
     tools = request.get("tools")
     if isinstance(tools, list):
         named = [t for t in tools if isinstance(t, dict)]
-        head.append(sorted(json.dumps(t, sort_keys=True, default=str) for t in named))
-    encoded = json.dumps(head, sort_keys=True, ensure_ascii=False, default=str).encode()
-    return hashlib.blake2b(encoded, digest_size=12).hexdigest()
+        head.append(sorted(jsonio.dumps_canonical(t).decode() for t in named))
+    return hashlib.blake2b(jsonio.dumps_canonical(head), digest_size=12).hexdigest()
 
 
 class SessionStore(Protocol):

@@ -14,6 +14,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from proxy import jsonio
+
 Mask = Callable[[str], str]
 
 _ROOT = b"prefill-proxy/transcript/v1"
@@ -72,8 +74,7 @@ def normal_form(message: Any, mask: Mask | None = None) -> Any:
 
 
 def _digest(previous: bytes, form: Any) -> bytes:
-    encoded = json.dumps(form, sort_keys=True, ensure_ascii=False, default=str).encode()
-    return hashlib.blake2b(previous + encoded, digest_size=16).digest()
+    return hashlib.blake2b(previous + jsonio.dumps_canonical(form), digest_size=16).digest()
 
 
 def chain_keys(messages: Sequence[Any], mask: Mask | None = None) -> list[bytes]:
@@ -92,11 +93,13 @@ def next_key(previous: bytes | None, message: Any, mask: Mask | None = None) -> 
 
 
 def exact_chain(messages: Sequence[Any]) -> list[bytes]:
-    """Hashes of the exact bytes: message i's covers messages 0..i (prefix comparison)."""
+    """Hashes of the exact values: message i's covers messages 0..i (prefix comparison).
+    Key order is left out: chat templates read fields by name, so it never reaches the
+    prompt (clients re-order keys freely, e.g. pydantic's model_dump)."""
     hashes: list[bytes] = []
     previous = _ROOT
     for message in messages:
-        encoded = json.dumps(message, ensure_ascii=False, default=str).encode()
+        encoded = jsonio.dumps_canonical(message)
         previous = hashlib.blake2b(previous + encoded, digest_size=16).digest()
         hashes.append(previous)
     return hashes

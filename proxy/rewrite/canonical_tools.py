@@ -7,6 +7,7 @@ the prompt: one moved tool breaks the prefix cache for everything after it.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -26,14 +27,22 @@ def canonical_tools(request: Request, context: RewriteContext) -> Request | None
     tools = request.get("tools")
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
         return None
+    ordered = _canonical_tools(jsonio.dumps(tools))
+    return None if ordered is None else {**request, "tools": ordered}
+
+
+@functools.lru_cache(maxsize=256)
+def _canonical_tools(raw: bytes) -> list[dict[str, Any]] | None:
+    """The canonical tool list for a serialized one, None if it is canonical already or
+    malformed. Cached: an agent sends the same tools (in the same or another order) on
+    every step. Callers never mutate requests, so sharing the result is safe."""
+    tools = json.loads(raw)  # exact (orjson would turn integers beyond 64 bits into floats)
     try:
         keyed = [(_sort_key(canonical), canonical) for canonical in map(_canonical, tools)]
     except _Malformed:
         return None
     ordered = [canonical for _, canonical in sorted(keyed, key=lambda pair: pair[0])]
-    if jsonio.dumps(ordered) == jsonio.dumps(tools):
-        return None
-    return {**request, "tools": ordered}
+    return None if jsonio.dumps(ordered) == raw else ordered
 
 
 def _canonical(value: Any, *, keep_order: bool = False) -> Any:

@@ -195,3 +195,31 @@ def test_the_proxy_restores_the_ideal_prefix_on_the_simulator(sim_url: str, star
     assert mixed[share] < 0.05
     assert mixed_proxied[share] > ideal[share] - 0.02
     assert faithful_proxied[share] > ideal[share] - 0.005
+
+
+def test_many_interleaved_conversations_sharing_a_system_prompt(sim_url: str, start_proxy) -> None:
+    """No client sends a session id: 16 conversations (three domains, each sharing its
+    system prompt and tools) in flight 8 at a time must still each be recognised, so that
+    every one keeps its own prefix through the proxy."""
+    proxy = start_proxy(sim_url)
+    conversations = traces.load(DEV, limit=16)
+
+    async def run(url: str, profile: str) -> dict:
+        async with make_client(8, 60) as http:
+            await reset_prefix_cache(http, sim_url)
+            model = await discover_model(http, url)
+            options = Options(model=model, profile=profile, concurrency=8)
+            result = await Replayer(http, url, options).run(conversations)
+        return report.summarize(result.steps, result.wall_s)
+
+    ideal = asyncio.run(run(sim_url, "faithful"))
+    proxied = asyncio.run(run(proxy.url, "mixed"))
+    assert proxied["errors"] == 0 and proxied["requests"] == ideal["requests"]
+    share = "cached_share_after_first_step"
+    assert proxied[share] > ideal[share] - 0.02
+    breaks = {
+        reason: proxy.sample("prefill_proxy_prefix_breaks_total", reason=reason)
+        for reason in ("new_session", "none", "history_rewritten", "system_changed")
+    }
+    assert breaks["new_session"] == len(conversations)
+    assert breaks["none"] == proxied["requests"] - len(conversations)
