@@ -8,7 +8,11 @@ if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 echo "== installing prefill-proxy and its test tools into .venv"
-.venv/bin/pip install --quiet --disable-pip-version-check -e ".[test]"
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".[test,clients]"
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  echo "== the Vercel AI SDK for the client tests (tests/clients/node)"
+  npm ci --prefix tests/clients/node --silent --no-audit --no-fund
+fi
 
 echo "== vLLM CPU build (own virtualenv) and the tiny test model"
 bash tests/vllm/install.sh
