@@ -31,7 +31,7 @@ def canonical_tools(request: Request, context: RewriteContext) -> Request | None
     return None if ordered is None else {**request, "tools": ordered}
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)
 def _canonical_tools(raw: bytes) -> list[dict[str, Any]] | None:
     """The canonical tool list for a serialized one, None if it is canonical already or
     malformed. Cached: an agent sends the same tools (in the same or another order) on
