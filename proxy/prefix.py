@@ -59,10 +59,12 @@ def remember(
     prompt_tokens: int,
     completion_tokens: int,
     mask: Mask | None,
+    keys: Sequence[bytes] | None = None,
 ) -> None:
     """After a reply: record what was sent in place of each client message, and the reply
-    as emitted, so the next request's history can be restored to exactly these bytes."""
-    keys = chain_keys(client_messages, mask)
+    as emitted, so the next request's history can be restored to exactly these bytes.
+    ``keys``: the client messages' chain keys, if already computed."""
+    keys = list(keys) if keys is not None else chain_keys(client_messages, mask)
     if len(forwarded) == len(client_messages):
         for key, sent, given in zip(keys, forwarded, client_messages, strict=True):
             # A system prompt is rewritten afresh every time (its volatile values move to

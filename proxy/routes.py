@@ -155,6 +155,7 @@ class Handlers:
             headers=request.headers,
             session=turn.session if turn is not None else None,
             volatile=self.sessions.detector if self.sessions is not None else None,
+            message_keys=turn.keys if turn is not None else (),
         )
         result = self.pipeline.apply(payload, context)
         exchange.rewrites, exchange.rewrite_failures = result.applied, result.failed

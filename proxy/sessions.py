@@ -37,8 +37,10 @@ class Session:
         default_factory=collections.OrderedDict
     )
     pinned_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # The volatile system-prompt lines last moved into a note (proxy.rewrite.volatile).
+    # The volatile system-prompt lines last moved into a note (proxy.rewrite.volatile),
+    # and the key of the client message that carries that note.
     last_note_lines: tuple[str, ...] = ()
+    note_carrier: bytes | None = None
     # The last forwarded conversation (messages + the reply), as exact-bytes hash chain.
     last_chain: tuple[bytes, ...] = ()
     last_tools: bytes = b""

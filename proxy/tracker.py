@@ -12,8 +12,9 @@ from proxy import prefix
 from proxy.exchange import Exchange, token_counts
 from proxy.metrics import Metrics
 from proxy.rewrite.template_kwargs import pinnable
-from proxy.rewrite.volatile import VolatileDetector, volatile_lines
+from proxy.rewrite.volatile import VolatileDetector, note_target, volatile_lines
 from proxy.sessions import Session, SessionStore, identify
+from proxy.transcript import chain_keys
 
 log = logging.getLogger("prefill_proxy.sessions")
 
@@ -24,6 +25,7 @@ class Turn:
 
     session: Session
     client_messages: list[Any]
+    keys: list[bytes]  # chain keys of the client's messages
     forwarded_messages: list[Any] = dataclasses.field(default_factory=list)
     tools: Any = None
     template_kwargs: Any = None
@@ -46,7 +48,7 @@ class SessionTracker:
             log.exception("session lookup failed")
             self._metrics.session_errors.inc()
             return None
-        return Turn(session, messages)
+        return Turn(session, messages, chain_keys(messages, self.detector.mask))
 
     def forward(self, turn: Turn, forwarded: dict[str, Any], exchange: Exchange) -> None:
         """The request as it goes upstream: how it continues the session's last one."""
@@ -57,6 +59,14 @@ class SessionTracker:
         continuity = prefix.classify(turn.session, turn.forwarded_messages, turn.tools)
         exchange.prefix_break = continuity.reason
         exchange.expected_cached = continuity.expected_cached
+
+    def _note_placed(self, turn: Turn) -> None:
+        """Which message carries the current volatile-lines note (see move_volatile)."""
+        lines = volatile_lines(turn.client_messages, self.detector)
+        target = note_target(turn.client_messages)
+        if lines != turn.session.last_note_lines and target is not None:
+            turn.session.last_note_lines = lines
+            turn.session.note_carrier = turn.keys[target]
 
     def close(self, turn: Turn, exchange: Exchange) -> None:
         """After the reply: remember it (only a complete, successful one)."""
@@ -73,11 +83,12 @@ class SessionTracker:
                 prompt_tokens=counts[0],
                 completion_tokens=counts[2],
                 mask=self.detector.mask,
+                keys=turn.keys,
             )
             # The first values seen stay pinned for the session (setdefault: first wins).
             for key, value in pinnable(turn.template_kwargs, self.detector).items():
                 turn.session.pinned_template_kwargs.setdefault(key, value)
-            turn.session.last_note_lines = volatile_lines(turn.client_messages, self.detector)
+            self._note_placed(turn)
             self.store.put(turn.session)
             self._metrics.sessions_active.set(len(self.store))
         except Exception:  # fail open

@@ -33,6 +33,11 @@ class RewriteContext:
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     session: Session | None = None
     volatile: Detector | None = None
+    # proxy.transcript.chain_keys of the client's messages, when the session computed them
+    message_keys: Sequence[bytes] = ()
+
+    def key_of(self, index: int) -> bytes | None:
+        return self.message_keys[index] if 0 <= index < len(self.message_keys) else None
 
     @property
     def mask(self) -> Callable[[str], str] | None:

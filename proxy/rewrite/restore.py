@@ -21,7 +21,10 @@ def restore_history(request: Request, context: RewriteContext) -> Request | None
     if session is None or not session.substitutions or not isinstance(messages, list):
         return None
     restored: list[Any] | None = None
-    for index, key in enumerate(chain_keys(messages, context.mask)):
+    keys = context.message_keys or chain_keys(messages, context.mask)
+    # The newest message is this request's input: the pipeline makes its forwarded form
+    # afresh (a retry gets the same bytes again from the same transforms).
+    for index, key in enumerate(keys[: len(messages) - 1]):
         replacement = session.substitutions.get(key)
         if replacement is not None and replacement != messages[index]:
             restored = restored if restored is not None else list(messages)

@@ -194,10 +194,8 @@ def move_volatile(request: Request, context: RewriteContext) -> Request | None:
     messages = request.get("messages")
     if not isinstance(messages, list):
         return None
-    detector = (
-        context.volatile if isinstance(context.volatile, VolatileDetector) else DEFAULT_DETECTOR
-    )
-    target = _target(messages)
+    detector = detector_of(context)
+    target = note_target(messages)
     if target is None:
         return None
     rewritten = list(messages)
@@ -211,9 +209,14 @@ def move_volatile(request: Request, context: RewriteContext) -> Request | None:
     if not moved:
         return None
     session = context.session
-    if session is not None and tuple(moved) == session.last_note_lines:
+    if (
+        session is not None
+        and tuple(moved) == session.last_note_lines
+        and context.key_of(target) != session.note_carrier
+    ):
         # Unchanged since the last note, which the session's history still carries (it
-        # is restored with the message it was added to): no need to say it again.
+        # is restored with the message it was added to): no need to say it again. (A
+        # retried request, whose newest message carried that note, gets it again.)
         return {**request, "messages": rewritten}
     carrier = rewritten[target]
     rewritten[target] = {**carrier, "content": _append(carrier["content"], note_for(moved))}
@@ -231,7 +234,7 @@ def volatile_lines(messages: Any, detector: VolatileDetector) -> tuple[str, ...]
     return tuple(moved)
 
 
-def _target(messages: list[Any]) -> int | None:
+def note_target(messages: list[Any]) -> int | None:
     """The newest user or tool message whose content can take a note."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]

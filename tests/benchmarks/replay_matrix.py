@@ -77,8 +77,10 @@ def main() -> int:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         flush=True,
     )
-    with simulator_and_proxy(args.speed, args.engine) as (engine, proxy):
-        for profile in args.profiles.split(","):
+    for profile in args.profiles.split(","):
+        # A fresh proxy (and simulator) per profile: sessions left by another profile's
+        # run of the same conversations would make this run a retry of those.
+        with simulator_and_proxy(args.speed, args.engine) as (engine, proxy):
             path = args.out / f"{profile}.json"
             config = benchmark.Config(
                 target=engine,

@@ -161,3 +161,68 @@ def test_substitutions_per_session_are_bounded(monkeypatch: pytest.MonkeyPatch) 
     for index in range(5):
         session.substitute(bytes([index]), {"n": index})
     assert list(session.substitutions) == [bytes([2]), bytes([3]), bytes([4])]
+
+
+class Proxy:
+    """The session side of the proxy in process: lookup, pipeline, continuity, recording."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from proxy import config
+        from proxy.app import default_transforms
+        from proxy.metrics import Metrics
+        from proxy.rewrite import Pipeline
+        from proxy.rewrite.volatile import VolatileDetector
+        from proxy.tracker import SessionTracker
+
+        self.detector = VolatileDetector()
+        self.pipeline = Pipeline(default_transforms(config.Settings()))
+        self.tracker = SessionTracker(
+            MemoryStore(10, 60), self.detector, Metrics(CollectorRegistry())
+        )
+
+    def step(self, messages: list, reply: dict) -> tuple[list, str]:
+        from proxy.exchange import Exchange
+
+        request = {"model": "m", "messages": copy.deepcopy(messages)}
+        turn = self.tracker.open({}, request)
+        assert turn is not None
+        context = RewriteContext(
+            session=turn.session, volatile=self.detector, message_keys=turn.keys
+        )
+        forwarded = self.pipeline.apply(request, context).request
+        exchange = Exchange("/v1/chat/completions", "POST", status=200)
+        self.tracker.forward(turn, forwarded, exchange)
+        exchange.usage = {"prompt_tokens": 10, "completion_tokens": 1}
+        exchange.reply = reply
+        self.tracker.close(turn, exchange)
+        return forwarded["messages"], exchange.prefix_break
+
+
+def clocked(minute: int) -> dict:
+    return {"role": "system", "content": f"Be brief.\nNow: 2026-11-29 10:{minute:02d}:00 UTC"}
+
+
+def test_a_clocked_agent_keeps_its_prefix_and_sees_every_new_time() -> None:
+    proxy = Proxy()
+    answer = {"role": "assistant", "content": "Sure."}
+    first, reason = proxy.step([clocked(1), USER], answer)
+    assert reason == "new_session"
+    assert first[0]["content"] == "Be brief."
+    assert first[1]["content"].endswith("Now: 2026-11-29 10:01:00 UTC")
+    follow = {"role": "user", "content": "And Saturday?"}
+    second, reason = proxy.step([clocked(2), USER, answer, follow], answer)
+    assert reason == "none" and second[:3] == [*first, answer]
+    assert second[3]["content"].endswith("Now: 2026-11-29 10:02:00 UTC")
+    third, reason = proxy.step([clocked(2), USER, answer, follow, answer, USER], answer)
+    assert reason == "none" and third[:5] == [*second, answer]
+    assert third[5] == USER  # the time did not change: no new note
+
+
+def test_a_retried_request_is_forwarded_with_the_same_bytes() -> None:
+    proxy = Proxy()
+    answer = {"role": "assistant", "content": "Sure."}
+    first, _ = proxy.step([clocked(1), USER], answer)
+    again, _ = proxy.step([clocked(1), USER], answer)
+    assert again == first  # one note, not none and not two
