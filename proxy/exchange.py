@@ -87,8 +87,6 @@ class Recorder:
             m.client_disconnects.labels(route).inc()
         if exchange.prefix_break:
             m.prefix_breaks.labels(exchange.prefix_break).inc()
-        if exchange.expected_cached is not None and exchange.usage is not None:
-            m.expected_cached_tokens.labels(route, model).inc(exchange.expected_cached)
         for name in exchange.rewrites:
             m.rewrites_applied.labels(name).inc()
         for name in exchange.rewrite_failures:
@@ -109,6 +107,10 @@ class Recorder:
             m.cached_prompt_tokens.labels(route, model).inc(cached)
             m.computed_prompt_tokens.labels(route, model).inc(max(prompt - cached, 0))
             m.completion_tokens.labels(route, model).inc(completion)
+            if exchange.expected_cached is not None:
+                # The engine always computes a prompt's last token (vLLM v1).
+                expected = min(exchange.expected_cached, max(prompt - 1, 0))
+                m.expected_cached_tokens.labels(route, model).inc(expected)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info(_log_line(exchange, ended, ttft, decode, counts))
 

@@ -56,7 +56,12 @@ class SessionTracker:
         turn.forwarded_messages = messages if isinstance(messages, list) else []
         turn.tools = forwarded.get("tools")
         turn.template_kwargs = forwarded.get("chat_template_kwargs")
-        continuity = prefix.classify(turn.session, turn.forwarded_messages, turn.tools)
+        try:
+            continuity = prefix.classify(turn.session, turn.forwarded_messages, turn.tools)
+        except Exception:  # fail open: a metric is not worth a request
+            log.exception("prefix continuity failed")
+            self._metrics.session_errors.inc()
+            return
         exchange.prefix_break = continuity.reason
         exchange.expected_cached = continuity.expected_cached
 

@@ -223,3 +223,36 @@ def test_many_interleaved_conversations_sharing_a_system_prompt(sim_url: str, st
     }
     assert breaks["new_session"] == len(conversations)
     assert breaks["none"] == proxied["requests"] - len(conversations)
+
+
+def test_evicted_blocks_are_told_apart_from_a_rewritten_history(start_proxy) -> None:
+    """Eight conversations at once, through the proxy, on an engine with room for all of
+    them and on one whose KV cache holds about two: the proxy sees no prefix break either
+    way (every step after the first is 'none'), but only on the small engine do far fewer
+    tokens come from the cache than it expected: the engine evicted them."""
+    from proxy.sim.app import create_sim_app
+    from proxy.sim.config import SimConfig
+
+    conversations = traces.load(DEV, limit=8)
+    labels = {"route": "/v1/chat/completions", "model": "sim-model"}
+
+    def cached_over_expected(capacity: int) -> float:
+        config = SimConfig(speed=1000.0, capacity_tokens=capacity, max_model_len=16_000)
+        with serve(create_sim_app(config)) as engine:
+            proxy = start_proxy(engine)
+
+            async def run() -> dict:
+                async with make_client(8, 60) as http:
+                    options = Options(model="sim-model", profile="faithful", concurrency=8)
+                    result = await Replayer(http, proxy.url, options).run(conversations)
+                return report.summarize(result.steps, result.wall_s)
+
+            summary = asyncio.run(run())
+        assert summary["errors"] == 0
+        none = proxy.sample("prefill_proxy_prefix_breaks_total", reason="none")
+        assert none == summary["requests"] - len(conversations)
+        expected = proxy.sample("prefill_proxy_expected_cached_prompt_tokens_total", **labels)
+        return proxy.sample("prefill_proxy_cached_prompt_tokens_total", **labels) / expected
+
+    assert cached_over_expected(400_000) > 0.95
+    assert cached_over_expected(16_000) < 0.9
