@@ -8,7 +8,8 @@ if [[ ! -x .venv/bin/python ]]; then
   python3 -m venv .venv
 fi
 echo "== installing prefill-proxy and its test tools into .venv"
-.venv/bin/pip install --quiet --disable-pip-version-check -e ".[test,clients]"
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".[test,clients]" \
+  --constraint deploy/docker/constraints.txt  # the versions the image ships
 if command -v node >/dev/null && command -v npm >/dev/null; then
   echo "== the Vercel AI SDK for the client tests (tests/clients/node)"
   npm ci --prefix tests/clients/node --silent --no-audit --no-fund
