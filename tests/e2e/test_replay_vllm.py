@@ -34,21 +34,22 @@ def replay(url: str, engine: str, model: str, profile: str) -> Run:
     return asyncio.run(go())
 
 
-def tokens(run: Run) -> list[tuple[str, int, int | None, int | None]]:
-    return [(s.conversation, s.step, s.prompt_tokens, s.cached_tokens) for s in run.steps]
+def share(run: Run) -> float:
+    summary = report.summarize(run.steps, run.wall_s)
+    assert summary["errors"] == 0 and summary["requests"] == 12
+    return summary["cached_share_after_first_step"]
 
 
 def test_two_conversations_direct_and_through_the_proxy(vllm_server, start_proxy) -> None:
+    """A faithful client loses nothing through the proxy; a client with a clock in its
+    system prompt gets nearly nothing from the cache straight, and as much as the faithful
+    one through the proxy."""
     proxy = start_proxy(vllm_server.base_url)
     engine, model = vllm_server.base_url, vllm_server.model
-    direct = replay(engine, engine, model, "faithful")
+    ideal = share(replay(engine, engine, model, "faithful"))
+    assert ideal > 0.8  # append-only history hits
     proxied = replay(proxy.url, engine, model, "faithful")
-    summary = report.summarize(direct.steps, direct.wall_s)
-    assert summary["errors"] == 0 and summary["requests"] == 12
-    assert summary["cached_share_after_first_step"] > 0.8  # append-only history hits
-    assert tokens(proxied) == tokens(direct)  # step by step, the same prompt and cache hits
+    assert share(proxied) > ideal - 0.005
     assert all(step.ttft_s is not None and step.ttft_s > 0 for step in proxied.steps)
-
-    clocked = replay(proxy.url, engine, model, "timestamped")
-    timestamped = report.summarize(clocked.steps, clocked.wall_s)
-    assert timestamped["cached_share_after_first_step"] < 0.2  # the clock breaks the prefix
+    assert share(replay(engine, engine, model, "timestamped")) < 0.2
+    assert share(replay(proxy.url, engine, model, "timestamped")) > ideal - 0.02
