@@ -29,10 +29,19 @@ class ChatStreamWatcher:
     without usage, as the last field. Terminal chunks come last, so holding them delays
     no token. Every other byte is forwarded unchanged."""
 
-    def __init__(self, exchange: Exchange, *, strip_usage: bool, keep_reply: bool = False) -> None:
+    def __init__(
+        self,
+        exchange: Exchange,
+        *,
+        strip_usage: bool,
+        on_reply: Callable[[Exchange], None] | None = None,
+    ) -> None:
         self._exchange = exchange
         self._strip_usage = strip_usage
-        self._assembler = ReplyAssembler() if keep_reply else None
+        # Called with the complete reply when [DONE] comes, before it is relayed: clients
+        # send their next request the moment they see it, and it must find the session.
+        self._on_reply = on_reply
+        self._assembler = ReplyAssembler() if on_reply is not None else None
         self._splitter = sse.EventSplitter()
         self._held: list[bytes] = []
         self.error: Any = None
@@ -44,16 +53,22 @@ class ChatStreamWatcher:
         return b"".join(out)
 
     def flush(self) -> bytes:
-        """At the end of the stream: what was held back; the reply is complete now."""
+        """At the end of the stream: what was held back."""
         rest = b"".join(self._held) + self._splitter.flush()
         self._held = []
-        if self._assembler is not None:
-            self._exchange.reply = self._assembler.message()
         return rest
+
+    def _reply_complete(self) -> None:
+        if self._assembler is not None and self._on_reply is not None:
+            self._exchange.reply = self._assembler.message()
+            self._on_reply(self._exchange)
+            self._on_reply = None
 
     def _route(self, event: bytes, now: float, out: list[bytes]) -> None:
         payload = _payload(event)
         if payload is None:
+            if sse.event_data(event) == sse.DONE:
+                self._reply_complete()
             out.extend(self._held)
             self._held = []
             out.append(event)

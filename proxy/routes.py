@@ -193,9 +193,10 @@ class Handlers:
             return await self._buffered(upstream, exchange, out_headers, finish)
         watcher = None
         if chat:
-            watcher = ChatStreamWatcher(
-                exchange, strip_usage=strip_usage, keep_reply=turn is not None
-            )
+            on_reply = None
+            if turn is not None and self.sessions is not None:
+                on_reply = functools.partial(self.sessions.close, turn)
+            watcher = ChatStreamWatcher(exchange, strip_usage=strip_usage, on_reply=on_reply)
         return RelayResponse(
             relay_chunks(upstream, exchange, watcher),
             status=upstream.status,

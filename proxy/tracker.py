@@ -29,6 +29,7 @@ class Turn:
     forwarded_messages: list[Any] = dataclasses.field(default_factory=list)
     tools: Any = None
     template_kwargs: Any = None
+    recorded: bool = False
 
 
 class SessionTracker:
@@ -74,10 +75,11 @@ class SessionTracker:
             turn.session.note_carrier = turn.keys[target]
 
     def close(self, turn: Turn, exchange: Exchange) -> None:
-        """After the reply: remember it (only a complete, successful one)."""
+        """After the reply: remember it (only a complete, successful one; once)."""
         counts = token_counts(exchange.usage)
-        if exchange.status != 200 or exchange.reply is None or counts is None:
+        if turn.recorded or exchange.status != 200 or exchange.reply is None or counts is None:
             return
+        turn.recorded = True
         try:
             prefix.remember(
                 turn.session,

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from proxy.exchange import Exchange
 from proxy.relay import ChatStreamWatcher
-from tests.support.fake_upstream import USAGE, stream_events
+from tests.support.fake_upstream import USAGE, WORDS, stream_events
 from tests.unit.test_sse import split_at
 
 WITH_USAGE = stream_events(include_usage=True)
@@ -76,3 +76,17 @@ def test_non_json_and_comment_events_pass_through() -> None:
     out, exchange = relay([events], strip_usage=True)
     assert out == events
     assert exchange.first_token_at is None
+
+
+def test_the_reply_is_handed_over_before_done_is_relayed() -> None:
+    """Clients send their next request the moment they see [DONE]: the session must
+    already hold this reply by then."""
+    replies = []
+    exchange = Exchange("/v1/chat/completions", "POST")
+    watcher = ChatStreamWatcher(exchange, strip_usage=True, on_reply=replies.append)
+    *body, done = WITH_USAGE
+    watcher.relay(b"".join(body), 1.0)
+    assert replies == []
+    assert watcher.relay(done, 2.0) == done
+    assert replies == [exchange]
+    assert exchange.reply == {"role": "assistant", "content": "".join(WORDS)}
