@@ -76,9 +76,10 @@ class SessionTracker:
 
     def close(self, turn: Turn, exchange: Exchange) -> None:
         """After the reply: remember it (only a complete, successful one; once)."""
-        counts = token_counts(exchange.usage)
-        if turn.recorded or exchange.status != 200 or exchange.reply is None or counts is None:
+        if turn.recorded or exchange.status != 200 or exchange.reply is None:
             return
+        # An upstream that reports no usage still gets its history restored.
+        counts = token_counts(exchange.usage) or (0, 0, 0)
         turn.recorded = True
         try:
             prefix.remember(
