@@ -182,7 +182,7 @@ class Proxy:
             MemoryStore(10, 60), self.detector, Metrics(CollectorRegistry())
         )
 
-    def step(self, messages: list, reply: dict) -> tuple[list, str]:
+    def step(self, messages: list, reply: dict, *, usage: bool = True) -> tuple[list, str]:
         from proxy.exchange import Exchange
 
         request = {"model": "m", "messages": copy.deepcopy(messages)}
@@ -194,7 +194,7 @@ class Proxy:
         forwarded = self.pipeline.apply(request, context).request
         exchange = Exchange("/v1/chat/completions", "POST", status=200)
         self.tracker.forward(turn, forwarded, exchange)
-        exchange.usage = {"prompt_tokens": 10, "completion_tokens": 1}
+        exchange.usage = {"prompt_tokens": 10, "completion_tokens": 1} if usage else None
         exchange.reply = reply
         self.tracker.close(turn, exchange)
         return forwarded["messages"], exchange.prefix_break
@@ -226,3 +226,11 @@ def test_a_retried_request_is_forwarded_with_the_same_bytes() -> None:
     first, _ = proxy.step([clocked(1), USER], answer)
     again, _ = proxy.step([clocked(1), USER], answer)
     assert again == first  # one note, not none and not two
+
+
+def test_an_upstream_without_usage_still_gets_history_restored() -> None:
+    proxy = Proxy()
+    emitted = EMITTED
+    proxy.step([SYSTEM, USER], emitted, usage=False)
+    sent, reason = proxy.step([SYSTEM, USER, as_langchain_sends_it(emitted), RESULT], emitted)
+    assert reason == "none" and sent[2] == emitted
