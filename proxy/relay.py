@@ -65,9 +65,10 @@ class ChatStreamWatcher:
             self._on_reply = None
 
     def _route(self, event: bytes, now: float, out: list[bytes]) -> None:
-        payload = _payload(event)
+        data = sse.event_data(event)
+        payload = _payload(data)
         if payload is None:
-            if sse.event_data(event) == sse.DONE:
+            if data == sse.DONE:
                 self._reply_complete()
             out.extend(self._held)
             self._held = []
@@ -97,8 +98,8 @@ class ChatStreamWatcher:
             out.append(event)
 
 
-def _payload(event: bytes) -> dict[str, Any] | None:
-    data = sse.event_data(event)
+def _payload(data: bytes | None) -> dict[str, Any] | None:
+    """An event's data as a JSON object, or None (no data, [DONE], not an object)."""
     if data is None or data == sse.DONE:
         return None
     try:
