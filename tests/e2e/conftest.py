@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,24 +11,8 @@ from prometheus_client import CollectorRegistry
 from proxy import config
 from proxy.app import create_app
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.proxies import RunningProxy
 from tests.support.servers import serve
-
-
-class RunningProxy:
-    def __init__(self, url: str, registry: CollectorRegistry) -> None:
-        self.url = url
-        self.registry = registry
-
-    def sample(self, name: str, **labels: str) -> float:
-        return self.registry.get_sample_value(name, labels) or 0.0
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-        """Wait for work the proxy finishes after the client is gone (bounded)."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError("condition not reached in time")
-            time.sleep(0.01)
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -17,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from proxy import config
 from proxy.app import create_app
 from proxy.routes import CHAT_ROUTE, body_log
+from tests.support.proxies import RunningProxy
 from tests.support.servers import serve
 
 
@@ -91,18 +91,13 @@ class ForwardedBodies(logging.Handler):
 
 
 @dataclasses.dataclass
-class RecordedProxy:
-    url: str
-    registry: CollectorRegistry
+class RecordedProxy(RunningProxy):
     exchanges: list[Exchange]
     forwarded: list[dict[str, Any]]
 
     @property
     def chat(self) -> list[Exchange]:
         return [e for e in self.exchanges if e.path == CHAT_ROUTE]
-
-    def sample(self, name: str, **labels: str) -> float:
-        return self.registry.get_sample_value(name, labels) or 0.0
 
     def total(self, name: str, **labels: str) -> float:
         """The sum of ``name``'s samples whose labels include ``labels``."""
@@ -112,15 +107,6 @@ class RecordedProxy:
             for sample in metric.samples
             if sample.name == name and labels.items() <= sample.labels.items()
         )
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-        """Wait for work the proxy finishes after the client has its answer (a stream's
-        metrics are recorded once the relay ends)."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError("condition not reached in time")
-            time.sleep(0.01)
 
 
 @contextlib.contextmanager
