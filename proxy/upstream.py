@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from http.cookiejar import DefaultCookiePolicy
 
 import aiohttp
 import httpx
@@ -50,16 +49,12 @@ class Upstream:
         )
         self._transport = transport or _aiohttp_transport(settings)
         self._extensions = {"timeout": timeout.as_dict()}
+        # The shared client owns the connection pool (its transport) and closes it. Requests
+        # go to the transport directly (see send), so the client's own per-request behaviour
+        # (default headers, a cookie jar shared by every caller) never applies.
         self._client = httpx.AsyncClient(
             transport=self._transport, timeout=timeout, follow_redirects=False
         )
-        # The client is shared by every caller: cookies an upstream sets (a sticky load
-        # balancer's, say) go back to the client that got them, and are never kept here and
-        # sent on behalf of others.
-        self._client.cookies.jar.set_policy(DefaultCookiePolicy(allowed_domains=[]))
-        # Forward the client's headers only: no client-chosen user-agent, accept-encoding...
-        for name in list(self._client.headers):
-            del self._client.headers[name]
 
     async def aclose(self) -> None:
         await self._client.aclose()
