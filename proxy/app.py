@@ -10,8 +10,11 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from proxy import tokens
+from proxy.batching import RoundTrips
+from proxy.compaction import Compactor
 from proxy.config import Settings
 from proxy.exchange import Recorder
+from proxy.fanout import FanoutGate
 from proxy.metrics import Metrics
 from proxy.rewrite import Pipeline, Transform
 from proxy.rewrite.canonical_tools import canonical_tools
@@ -22,6 +25,7 @@ from proxy.routes import CHAT_ROUTE, Handlers
 from proxy.sessions import MemoryStore
 from proxy.tracker import SessionTracker
 from proxy.upstream import Upstream
+from proxy.warmup import Warmer
 
 PASSTHROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
 
@@ -49,11 +53,20 @@ def create_app(
         disabled=settings.disabled_rewrites,
     )
     detector = VolatileDetector(settings.volatile_patterns)
-    tracker = None
+    tracker = compactor = None
     if settings.sessions:
         store = MemoryStore(settings.session_max, settings.session_ttl)
         tracker = SessionTracker(store, detector, metrics)
-    handlers = Handlers(settings, upstream, pipeline, Recorder(metrics), tracker)
+        warmer = Warmer() if settings.warmup else None
+        if settings.compaction:
+            compactor = Compactor()
+        tracker.listeners = [
+            listener for listener in (RoundTrips(), warmer, compactor) if listener is not None
+        ]
+    fanout = FanoutGate() if settings.fanout_hold > 0 else None
+    handlers = Handlers(
+        settings, upstream, pipeline, Recorder(metrics), tracker, compactor=compactor, fanout=fanout
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -81,6 +81,84 @@ class Settings:
     model_label_limit: int = _setting(
         32, "Distinct model names used as metric labels; later ones count as 'other'."
     )
+    # Compaction (proxy.compaction): a running summary behind a window of recent turns.
+    compaction: bool = _setting(
+        True,
+        "Compact long sessions near the context limit: old turns become a running summary "
+        "behind a verbatim window of recent ones.",
+    )
+    context_limit: int = _setting(
+        0,
+        "Context length in tokens that the watermarks are fractions of; 0: the upstream's "
+        "max_model_len from /v1/models.",
+    )
+    compaction_high: float = _setting(
+        0.75, "Compact when a prompt would cross this fraction of the context limit."
+    )
+    compaction_soft: float = _setting(
+        0.60, "Start the next summary in the background past this fraction of the limit."
+    )
+    compaction_window: float = _setting(
+        0.25, "Newest turns kept verbatim after a compaction, as a fraction of the limit."
+    )
+    elide_after_steps: int = _setting(
+        4, "At a compaction, tool results older than this many assistant steps may be elided."
+    )
+    elide_min_tokens: int = _setting(
+        256, "Only tool results at least this long (tokens) are elided; 0: no elision."
+    )
+    summary_max_tokens: int = _setting(512, "Length cap of a summary, in tokens.")
+    summary_wait: float = _setting(
+        2.0,
+        "Seconds a request past the high watermark waits for a summary still being written "
+        "before it falls back to dropping the oldest turns.",
+    )
+    summary_timeout: float = _setting(120.0, "Seconds a summary request may take in all.")
+    summarizer_url: str = _setting(
+        "", "Base URL of the engine that writes summaries; empty: the upstream."
+    )
+    summarizer_model: str = _setting(
+        "", "Model that writes summaries; empty: the model of the request being compacted."
+    )
+    # Speculative prefill (proxy.warmup) and round-trip savings.
+    warmup: bool = _setting(
+        True,
+        "After a reply that ends in tool calls, prefill the next step's known prefix while "
+        "the client runs its tools.",
+    )
+    warmup_max_inflight: int = _setting(4, "Warm-ups in flight at once, all sessions together.")
+    warmup_max_waiting: int = _setting(
+        0, "Skip warm-ups while the engine reports more than this many waiting requests."
+    )
+    warmup_max_proxy_inflight: int = _setting(
+        64, "Skip warm-ups while the proxy has more than this many client requests in flight."
+    )
+    warmup_priority: int = _setting(
+        0,
+        "vLLM priority of warm-ups (higher runs later); 0: none sent (vLLM rejects a "
+        "priority unless it runs --scheduling-policy priority).",
+    )
+    engine_block_size: int = _setting(
+        0,
+        "The engine's KV block size in tokens; 0: read it from vLLM's /metrics "
+        "(cache_config_info), else 16.",
+    )
+    parallel_tool_calls: bool = _setting(
+        True, "Ask for parallel_tool_calls where tools are offered and the client left it unset."
+    )
+    batching_instruction: bool = _setting(
+        False,
+        "Append a constant instruction to the system prompt: emit all independent tool "
+        "calls of a step at once.",
+    )
+    fanout_hold: float = _setting(
+        2.0,
+        "Seconds a request may wait for a concurrent one with the same long, uncached prefix "
+        "to reach its first token (then the prefix is cached); 0: never hold.",
+    )
+    fanout_min_tokens: int = _setting(
+        1024, "Shortest shared prefix (estimated tokens) worth holding requests for."
+    )
     tiktoken_cache_dir: str = _setting(
         "",
         "Where tiktoken's encoding files live; empty: a folder under the user cache, "
@@ -101,6 +179,25 @@ class Settings:
             raise SettingsError("max_connections must be at least 1")
         if self.session_max < 1 or self.session_ttl <= 0:
             raise SettingsError("session_max must be at least 1 and session_ttl positive")
+        for name in ("compaction_high", "compaction_soft", "compaction_window"):
+            if not 0 < getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be a fraction between 0 and 1")
+        if not self.compaction_window < self.compaction_soft <= self.compaction_high:
+            raise SettingsError(
+                "compaction watermarks must satisfy window < soft <= high "
+                f"(got {self.compaction_window} < {self.compaction_soft} <= "
+                f"{self.compaction_high})"
+            )
+        if self.context_limit < 0 or self.summary_max_tokens < 1:
+            raise SettingsError("context_limit must be >= 0 and summary_max_tokens >= 1")
+        if self.summary_wait < 0 or self.summary_timeout <= 0 or self.fanout_hold < 0:
+            raise SettingsError("summary_wait and fanout_hold must be >= 0, summary_timeout > 0")
+        if self.summarizer_url and not self.summarizer_url.startswith(("http://", "https://")):
+            raise SettingsError(
+                f"summarizer_url must be an http(s) URL, got {self.summarizer_url!r}"
+            )
+        if self.warmup_max_inflight < 0 or self.engine_block_size < 0:
+            raise SettingsError("warmup_max_inflight and engine_block_size must be >= 0")
 
     @property
     def upstream_base(self) -> str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from proxy import jsonio
 from proxy.metrics import Metrics
 
 access_log = logging.getLogger("prefill_proxy.access")
+log = logging.getLogger("prefill_proxy.exchange")
 
 
 @dataclasses.dataclass
@@ -35,13 +37,27 @@ class Exchange:
     prefix_break: str = ""  # proxy.prefix.REASONS; empty without a session
     expected_cached: int | None = None
     reply: dict[str, Any] | None = None  # the assistant message as emitted, when kept
+    compaction: str = ""  # the compaction event this request carried, if any
+    held_s: float = 0.0  # time held behind a concurrent request (proxy.fanout)
+    context_overflow: bool = False  # the engine refused the prompt as too long
+    # Called once, at the first token or (without one) when the exchange ends.
+    on_first_token: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
     def mark_token(self, now: float) -> None:
         if self.first_token_at is None:
             self.first_token_at = now
+            self.first_token_reached()
         elif self.last_token_at is not None:
             self.token_gaps.append(now - self.last_token_at)
         self.last_token_at = now
+
+    def first_token_reached(self) -> None:
+        callbacks, self.on_first_token = self.on_first_token, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a follower's bookkeeping must not break the relay
+                log.exception("first-token callback failed")
 
     @property
     def overhead_ms_header(self) -> bytes:
@@ -73,6 +89,7 @@ class Recorder:
 
     def finish(self, exchange: Exchange) -> None:
         ended = time.perf_counter()
+        exchange.first_token_reached()  # releases anything still waiting on this request
         m = self.metrics
         m.in_flight.dec()
         model = m.model_label(exchange.model or "unknown")
@@ -85,6 +102,8 @@ class Recorder:
             m.upstream_errors.labels(exchange.error_kind).inc()
         if exchange.client_disconnected:
             m.client_disconnects.labels(route).inc()
+        if exchange.context_overflow:
+            m.context_overflows.inc()
         if exchange.prefix_break:
             m.prefix_breaks.labels(exchange.prefix_break).inc()
         for name in exchange.rewrites:
@@ -145,6 +164,10 @@ def _log_line(
     if exchange.prefix_break:
         record["prefix"] = exchange.prefix_break
         record["expected_cached_tokens"] = exchange.expected_cached
+    if exchange.compaction:
+        record["compaction"] = exchange.compaction
+    if exchange.context_overflow:
+        record["context_overflow"] = True
     if exchange.rewrite_failures:
         record["rewrite_failures"] = list(exchange.rewrite_failures)
     if exchange.error_kind:

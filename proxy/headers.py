@@ -72,3 +72,13 @@ def is_event_stream(headers: RawHeaders) -> bool:
         name.lower() == b"content-type" and value.lower().startswith(b"text/event-stream")
         for name, value in headers
     )
+
+
+# What authenticates a client to the engine (vLLM's --api-key reads Authorization; hosted
+# OpenAI-compatible servers also use these). Reused for requests the proxy makes for that
+# client (warm-ups, summaries) while its request lasts; never stored or logged.
+_CREDENTIALS = frozenset({b"authorization", b"api-key", b"x-api-key"})
+
+
+def credentials(headers: RawHeaders) -> tuple[tuple[bytes, bytes], ...]:
+    return tuple((name.lower(), value) for name, value in headers if name.lower() in _CREDENTIALS)

@@ -60,6 +60,9 @@ OVERHEAD_BUCKETS = (
     0.5,
 )
 
+TOKEN_BUCKETS = tuple(2.0**n for n in range(8, 19))  # 256 .. 262144 tokens
+COUNT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+
 OTHER = "other"
 
 
@@ -208,5 +211,120 @@ class Metrics:
         self.session_errors = Counter(
             "prefill_proxy_session_errors",
             "Session store failures (the request went on without its session: fail open).",
+            registry=registry,
+        )
+
+        # Compaction (proxy.compaction)
+        self.compactions = Counter(
+            "prefill_proxy_compactions",
+            "Compaction events, by kind: elide (old tool results shortened), summary "
+            "(old turns replaced by the running summary), fallback (oldest turns dropped).",
+            ("kind",),
+            registry=registry,
+        )
+        self.compaction_tokens_removed = Counter(
+            "prefill_proxy_compaction_removed_tokens",
+            "Prompt tokens (estimated) taken out of forwarded prompts by compaction events.",
+            registry=registry,
+        )
+        self.compacted_prompt_tokens = Histogram(
+            "prefill_proxy_compacted_prompt_tokens",
+            "Estimated prompt tokens of a request right after a compaction event.",
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.summary_latency = Histogram(
+            "prefill_proxy_summary_seconds",
+            "Time to write a summary (background request to the summarizer).",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.summaries = Counter(
+            "prefill_proxy_summaries",
+            "Summaries by outcome when a compaction needed one: on_time (ready), late "
+            "(ready within summary_wait), missing (not ready: fallback), failed.",
+            ("outcome",),
+            registry=registry,
+        )
+        self.compaction_wait = Histogram(
+            "prefill_proxy_compaction_wait_seconds",
+            "Time a request past the high watermark waited for its summary.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.compaction_fallbacks = Counter(
+            "prefill_proxy_compaction_fallbacks",
+            "Compactions that dropped the oldest turns instead of summarizing, by reason: "
+            "summary_failed, summary_late, still_over (a summary was not enough); and "
+            "requests forwarded unchanged because even the head plus the newest turn is too "
+            "long (too_long).",
+            ("reason",),
+            registry=registry,
+        )
+        self.context_overflows = Counter(
+            "prefill_proxy_context_overflows",
+            "Requests the engine refused for exceeding its context (vLLM says "
+            "'max_tokens must be at least 1, got -N').",
+            registry=registry,
+        )
+        # Speculative prefill (proxy.warmup)
+        self.warmups = Counter(
+            "prefill_proxy_warmups",
+            "Warm-up requests by outcome: ok, error.",
+            ("trigger", "outcome"),
+            registry=registry,
+        )
+        self.warmups_skipped = Counter(
+            "prefill_proxy_warmups_skipped",
+            "Warm-ups not sent, by reason (session_busy, global_cap, engine_busy, "
+            "proxy_busy, too_short, disabled).",
+            ("reason",),
+            registry=registry,
+        )
+        self.warmup_duration = Histogram(
+            "prefill_proxy_warmup_seconds",
+            "Duration of a warm-up request.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.warmup_tokens = Counter(
+            "prefill_proxy_warmup_computed_tokens",
+            "Prompt tokens the engine computed for warm-ups (prompt minus cached): the "
+            "extra work they cost.",
+            registry=registry,
+        )
+        self.step_ttft = Histogram(
+            "prefill_proxy_step_time_to_first_token_seconds",
+            "TTFT of a step that follows a reply with tool calls, by whether the proxy "
+            "warmed its prefix (warmed: yes, no).",
+            ("warmed",),
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        # Round trips (proxy.batching) and fan-out (proxy.fanout)
+        self.tool_calls_per_step = Histogram(
+            "prefill_proxy_tool_calls_per_step",
+            "Tool calls in an assistant reply that made any.",
+            buckets=COUNT_BUCKETS,
+            registry=registry,
+        )
+        self.steps_per_user_turn = Histogram(
+            "prefill_proxy_steps_per_user_turn",
+            "Model calls between a user message and the reply that ends the turn without "
+            "tool calls.",
+            buckets=COUNT_BUCKETS,
+            registry=registry,
+        )
+        self.fanout_holds = Counter(
+            "prefill_proxy_fanout_holds",
+            "Requests held for a concurrent one with the same uncached prefix, by how the "
+            "hold ended: released (its first token came), timeout.",
+            ("outcome",),
+            registry=registry,
+        )
+        self.fanout_hold_time = Histogram(
+            "prefill_proxy_fanout_hold_seconds",
+            "Time a request was held behind a concurrent one with the same prefix.",
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         )

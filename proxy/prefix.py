@@ -13,7 +13,14 @@ from proxy import jsonio
 from proxy.sessions import Session
 from proxy.transcript import Mask, chain_keys, exact_chain, next_key
 
-REASONS = ("new_session", "none", "system_changed", "tools_changed", "history_rewritten")
+REASONS = (
+    "new_session",
+    "none",
+    "system_changed",
+    "tools_changed",
+    "history_rewritten",
+    "compaction",  # set by the tracker: the proxy compacted this request (proxy.compaction)
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,13 +67,17 @@ def remember(
     completion_tokens: int,
     mask: Mask | None,
     keys: Sequence[bytes] | None = None,
+    rewritten: Sequence[Any] | None = None,
 ) -> None:
     """After a reply: record what was sent in place of each client message, and the reply
     as emitted, so the next request's history can be restored to exactly these bytes.
-    ``keys``: the client messages' chain keys, if already computed."""
+    ``keys``: the client messages' chain keys, if already computed. ``rewritten``: the
+    pipeline's messages, one per client message, when compaction made ``forwarded``
+    shorter (compaction keeps its own record, proxy.compaction)."""
     keys = list(keys) if keys is not None else chain_keys(client_messages, mask)
-    if len(forwarded) == len(client_messages):
-        for key, sent, given in zip(keys, forwarded, client_messages, strict=True):
+    rewritten = forwarded if rewritten is None else rewritten
+    if len(rewritten) == len(client_messages):
+        for key, sent, given in zip(keys, rewritten, client_messages, strict=True):
             # A system prompt is rewritten afresh every time (its volatile values move to
             # the newest message); restoring an old one would hide the new values.
             if sent != given and not _is_system(given):

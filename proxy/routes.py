@@ -14,9 +14,11 @@ from starlette.responses import Response
 from proxy import headers as hdrs
 from proxy import jsonio
 from proxy.chunks import reply_message
+from proxy.compaction import Compactor
 from proxy.config import Settings
 from proxy.errors import BadRequest, BodyTooLarge, ProxyError, UpstreamError
 from proxy.exchange import Exchange, Recorder
+from proxy.fanout import FanoutGate
 from proxy.relay import ChatStreamWatcher, RelayResponse, relay_chunks
 from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.stream_usage import request_usage
@@ -35,7 +37,10 @@ KNOWN_ROUTES = frozenset(
     }
 )
 REWRITE_HEADER = "x-prefill-proxy-rewrite"
+# vLLM's answer to a prompt longer than its context: max_tokens is what is left of it.
+VLLM_OVERFLOW = b"max_tokens must be at least 1, got -"
 JSON = "application/json"
+log = logging.getLogger("prefill_proxy.routes")
 # Prompt and completion text: only with the log_bodies setting (debugging).
 body_log = logging.getLogger("prefill_proxy.bodies")
 
@@ -85,12 +90,16 @@ class Handlers:
         pipeline: Pipeline,
         recorder: Recorder,
         sessions: SessionTracker | None = None,
+        compactor: Compactor | None = None,
+        fanout: FanoutGate | None = None,
     ) -> None:
         self.settings = settings
         self.upstream = upstream
         self.pipeline = pipeline
         self.recorder = recorder
         self.sessions = sessions
+        self.compactor = compactor
+        self.fanout = fanout
 
     async def chat_completions(self, request: Request) -> Response:
         exchange = self.recorder.begin(CHAT_ROUTE, request.method)
@@ -102,13 +111,19 @@ class Handlers:
             turn = self.sessions.open(request.headers, payload) if self.sessions else None
             forwarded = self._rewrite(payload, request, exchange, turn)
             if turn is not None and self.sessions is not None:
-                self.sessions.forward(turn, forwarded, exchange)
+                turn.credentials = hdrs.credentials(request.scope["headers"])
+                rewritten = forwarded.get("messages")
+                forwarded = await self._compact(forwarded, request, exchange, turn)
+                aligned = None if forwarded.get("messages") is rewritten else rewritten
+                self.sessions.forward(turn, forwarded, exchange, rewritten_messages=aligned)
             strip_usage = False
             if exchange.stream and (with_usage := request_usage(forwarded)) is not None:
                 forwarded, strip_usage = with_usage, True
             content = body if forwarded is payload else jsonio.dumps(forwarded)
             if self.settings.log_bodies:
                 body_log.info("request %s", content.decode(errors="replace"))
+            if self.fanout is not None:
+                await self.fanout.admit(forwarded, exchange)
             return await self._forward(
                 request, exchange, content, chat=True, strip_usage=strip_usage, turn=turn
             )
@@ -161,6 +176,20 @@ class Handlers:
         exchange.rewrites, exchange.rewrite_failures = result.applied, result.failed
         return result.request
 
+    async def _compact(
+        self, forwarded: dict, request: Request, exchange: Exchange, turn: Turn
+    ) -> dict:
+        if self.compactor is None or not self.settings.rewrite:
+            return forwarded
+        if request.headers.get(REWRITE_HEADER, "").strip().lower() == "off":
+            return forwarded
+        try:
+            return await self.compactor.apply(forwarded, turn, exchange)
+        except Exception:  # fail open: the request goes on uncompacted
+            log.exception("compaction failed; forwarding the request uncompacted")
+            exchange.rewrite_failures += ("compaction",)
+            return forwarded
+
     async def _forward(
         self,
         request: Request,
@@ -176,7 +205,8 @@ class Handlers:
         if scope["query_string"]:
             path += b"?" + scope["query_string"]
         headers = hdrs.upstream_request(scope["headers"], parsed_body=chat)
-        exchange.overhead_s = time.perf_counter() - exchange.started
+        # Time held behind a fan-out leader is waiting by design, not the proxy's cost.
+        exchange.overhead_s = time.perf_counter() - exchange.started - exchange.held_s
         try:
             upstream = await self.upstream.send(request.method, path.decode(), headers, content)
         except UpstreamError as error:
@@ -229,6 +259,8 @@ class Handlers:
             await upstream.aclose()
         if exchange.status == 200:
             exchange.usage, exchange.reply = read_reply(body)
+        elif exchange.status == 400 and VLLM_OVERFLOW in body:
+            exchange.context_overflow = True
         if self.settings.log_bodies:
             body_log.info("response %s", body.decode(errors="replace"))
         response = Response(body, status_code=exchange.status)

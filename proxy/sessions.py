@@ -46,6 +46,14 @@ class Session:
     last_tools: bytes = b""
     last_prompt_tokens: int = 0
     last_completion_tokens: int = 0
+    # Tool calls in the last reply: the next request carries their results.
+    last_reply_tool_calls: int = 0
+    # Whether the proxy warmed the engine's cache for the next step (proxy.warmup).
+    warmed: bool = False
+    # Model calls since the conversation's last user message (proxy.batching).
+    steps_in_turn: int = 0
+    # What compaction keeps for this session (proxy.compaction.state.Compaction).
+    compaction: Any = None
     touched: float = 0.0
 
     def substitute(self, key: bytes, message: dict[str, Any]) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from proxy import prefix
 from proxy.exchange import Exchange, token_counts
@@ -27,16 +27,40 @@ class Turn:
     client_messages: list[Any]
     keys: list[bytes]  # chain keys of the client's messages
     forwarded_messages: list[Any] = dataclasses.field(default_factory=list)
+    # The pipeline's messages, one per client message (compaction may shorten the above).
+    rewritten_messages: list[Any] | None = None
+    # The whole request as it went upstream, and the client's credentials for follow-up
+    # requests on its behalf (warm-up, summary): held for this request only, never stored.
+    request: dict[str, Any] = dataclasses.field(default_factory=dict)
+    credentials: tuple[tuple[bytes, bytes], ...] = ()
     tools: Any = None
     template_kwargs: Any = None
+    # The session's previous reply asked for tools (this request carries their results),
+    # and whether the proxy warmed the engine for this step.
+    follows_tool_calls: bool = False
+    warmed: bool = False
     recorded: bool = False
 
 
+class ReplyListener(Protocol):
+    """Work that follows a recorded reply (warm-up, summaries, round-trip metrics). Called
+    on the request's task: it must return at once and start anything slow as a task."""
+
+    def after_reply(self, turn: Turn, exchange: Exchange) -> None: ...
+
+
 class SessionTracker:
-    def __init__(self, store: SessionStore, detector: VolatileDetector, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        detector: VolatileDetector,
+        metrics: Metrics,
+        listeners: Sequence[ReplyListener] = (),
+    ) -> None:
         self.store = store
         self.detector = detector
         self._metrics = metrics
+        self.listeners = list(listeners)
 
     def open(self, headers: Mapping[str, str], request: dict[str, Any]) -> Turn | None:
         messages = request.get("messages")
@@ -49,14 +73,30 @@ class SessionTracker:
             log.exception("session lookup failed")
             self._metrics.session_errors.inc()
             return None
-        return Turn(session, messages, chain_keys(messages, self.detector.mask))
+        turn = Turn(session, messages, chain_keys(messages, self.detector.mask))
+        turn.follows_tool_calls = session.last_reply_tool_calls > 0
+        turn.warmed = session.warmed
+        return turn
 
-    def forward(self, turn: Turn, forwarded: dict[str, Any], exchange: Exchange) -> None:
-        """The request as it goes upstream: how it continues the session's last one."""
+    def forward(
+        self,
+        turn: Turn,
+        forwarded: dict[str, Any],
+        exchange: Exchange,
+        rewritten_messages: list[Any] | None = None,
+    ) -> None:
+        """The request as it goes upstream: how it continues the session's last one.
+        ``rewritten_messages``: the pipeline's messages, when compaction changed them after."""
         messages = forwarded.get("messages")
+        turn.request = forwarded
         turn.forwarded_messages = messages if isinstance(messages, list) else []
+        turn.rewritten_messages = rewritten_messages
         turn.tools = forwarded.get("tools")
         turn.template_kwargs = forwarded.get("chat_template_kwargs")
+        if exchange.compaction:
+            exchange.prefix_break = "compaction"
+            exchange.expected_cached = 0
+            return
         try:
             continuity = prefix.classify(turn.session, turn.forwarded_messages, turn.tools)
         except Exception:  # fail open: a metric is not worth a request
@@ -92,7 +132,11 @@ class SessionTracker:
                 completion_tokens=counts[2],
                 mask=self.detector.mask,
                 keys=turn.keys,
+                rewritten=turn.rewritten_messages,
             )
+            calls = exchange.reply.get("tool_calls")
+            turn.session.last_reply_tool_calls = len(calls) if isinstance(calls, list) else 0
+            turn.session.warmed = False
             # The first values seen stay pinned for the session (setdefault: first wins).
             for key, value in pinnable(turn.template_kwargs, self.detector).items():
                 turn.session.pinned_template_kwargs.setdefault(key, value)
@@ -102,3 +146,10 @@ class SessionTracker:
         except Exception:  # fail open
             log.exception("session update failed")
             self._metrics.session_errors.inc()
+            return
+        for listener in self.listeners:
+            try:
+                listener.after_reply(turn, exchange)
+            except Exception:  # fail open: follow-up work never costs the reply
+                log.exception("%s failed after a reply", type(listener).__name__)
+                self._metrics.session_errors.inc()

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
+from proxy import jsonio
 from proxy.config import Settings
 from proxy.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout
 
@@ -91,6 +93,31 @@ class Upstream:
                     continue
                 raise self._translate(exc) from exc
         raise AssertionError("unreachable")
+
+    async def call(
+        self,
+        path: str,
+        payload: Any = None,
+        *,
+        headers: RawHeaders = (),
+        timeout: float | None = None,
+    ) -> tuple[int, bytes]:
+        """(status, body) of a request the proxy makes on its own (warm-ups, summaries,
+        /v1/models, /metrics): POST with a JSON ``payload``, GET without one. Bounded by
+        ``timeout`` seconds on top of the usual limits; raises UpstreamError like send."""
+        content = None if payload is None else jsonio.dumps(payload)
+        sent = list(headers)
+        if content is not None:
+            sent.append((b"content-type", b"application/json"))
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self.send("POST" if content else "GET", path, sent, content)
+                try:
+                    return response.status, await response.read()
+                finally:
+                    await response.aclose()
+        except TimeoutError as exc:
+            raise UpstreamTimeout(f"upstream {self.base_url} timed out on {path}") from exc
 
     async def probe(self, path: str) -> int:
         """Status of a GET on the upstream (for /ready)."""
