@@ -30,6 +30,7 @@ class Config:
     traces: Path | None = None
     synthetic: int | None = None  # generate this many conversations instead of --traces
     seed: int = 0
+    synthetic_steps: int | None = None  # model calls per generated conversation
     limit: int | None = None
     compare: str | None = None  # the proxy's URL: run at target, then through it
     profile: str = "faithful"
@@ -37,6 +38,7 @@ class Config:
     tool_latency: float = 0.0
     model: str | None = None
     max_tokens: int | None = None
+    trim_tokens: int | None = None  # client-trim's budget
     reset_cache: str | None = None  # POST {reset_cache}/reset_prefix_cache before each run
     json_path: Path | None = None
     plot_path: Path | None = None
@@ -56,7 +58,7 @@ class Outcome:
 def load_conversations(config: Config) -> list[traces.Conversation]:
     if config.synthetic is not None:
         count = min(config.synthetic, config.limit or config.synthetic)
-        return synthetic.conversations(count, config.seed)
+        return synthetic.conversations(count, config.seed, steps=config.synthetic_steps)
     if config.traces is None:
         raise ReplayError("give --traces FILE or --synthetic N")
     try:
@@ -89,7 +91,7 @@ async def execute(config: Config, out: TextIO, err: TextIO) -> int:
     total = sum(len(o.run.steps) for o in outcomes) // len(outcomes)
     out.write(
         f"## replay: {len(conversations)} conversations, {total} steps, profile "
-        f"{config.profile}, model {model}, concurrency {config.concurrency}\n\n"
+        f"{_profile_label(config)}, model {model}, concurrency {config.concurrency}\n\n"
     )
     out.write(report.summary_table([(o.label, o.summary) for o in outcomes]) + "\n\n")
     out.write(report.step_table([(o.label, o.run.steps) for o in outcomes]) + "\n")
@@ -119,6 +121,7 @@ async def _replay(
             concurrency=config.concurrency,
             tool_latency=config.tool_latency,
             max_tokens=config.max_tokens,
+            trim_tokens=config.trim_tokens,
         )
         for label, url in targets:
             if config.reset_cache:
@@ -152,6 +155,17 @@ def _warn(outcomes: Sequence[Outcome], err: TextIO) -> None:
             err.write(f"error: {outcome.label}: {count} x status {status}: {message}\n")
 
 
+def _trim_tokens(config: Config) -> int | None:
+    if config.profile != "client-trim":
+        return None
+    return config.trim_tokens if config.trim_tokens is not None else profiles.TRIM_TOKENS
+
+
+def _profile_label(config: Config) -> str:
+    trim = _trim_tokens(config)
+    return config.profile if trim is None else f"{config.profile} ({trim:,} tokens)"
+
+
 def _config_record(config: Config, model: str, conversations: int, url: str) -> dict[str, Any]:
     return {
         "url": url,
@@ -166,6 +180,8 @@ def _config_record(config: Config, model: str, conversations: int, url: str) -> 
         "traces": str(config.traces) if config.traces else None,
         "synthetic": config.synthetic,
         "seed": config.seed if config.synthetic is not None else None,
+        "synthetic_steps": config.synthetic_steps,
+        "trim_tokens": _trim_tokens(config),
         "conversations": conversations,
         "reset_cache": config.reset_cache,
         "prefill_proxy_version": __version__,
@@ -190,7 +206,7 @@ def _write_outputs(
         written.append(f"json: {config.json_path}")
     if config.plot_path:
         source = f"synthetic x{conversations}" if config.synthetic else config.traces
-        title = f"{source}, profile {config.profile}"
+        title = f"{source}, profile {_profile_label(config)}"
         plot.draw([(o.label, o.run.steps) for o in outcomes], config.plot_path, title)
         written.append(f"plot: {config.plot_path}")
     return written

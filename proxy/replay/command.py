@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from proxy.replay.profiles import PROFILES
+from proxy.replay.profiles import PROFILES, TRIM_TOKENS
 
 if TYPE_CHECKING:
     from proxy.replay.benchmark import Config
@@ -25,7 +25,12 @@ PROFILE_HELP = """how the client treats the prompt: faithful (as recorded), time
 (date and time at the top of the system prompt, every request), reordered-tools (tool list
 in another order every request), reserialized-args (tool-call arguments sent back in the
 other JSON style), dropped-reasoning (reasoning removed from assistant messages), mixed
-(all of them)"""
+(all of them), client-trim (the client keeps the system prompt and its newest messages
+within --trim-tokens, starting on a user message, as LangChain's trim_messages does)"""
+
+
+class OptionError(ValueError):
+    """Options that parse one by one but do not go together."""
 
 
 def _positive_int(text: str) -> int:
@@ -54,6 +59,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of --synthetic (default 0)")
     parser.add_argument(
+        "--steps",
+        type=_positive_int,
+        metavar="N",
+        help="with --synthetic: about N model calls per conversation (default: 8 to 14 "
+        "each, like the recorded traces); e.g. 120 for long sessions",
+    )
+    parser.add_argument(
         "--target", required=True, metavar="URL", help="server base URL, e.g. vLLM's"
     )
     parser.add_argument(
@@ -63,6 +75,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--profile", choices=sorted(PROFILES), default="faithful", help=PROFILE_HELP
+    )
+    parser.add_argument(
+        "--trim-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="with --profile client-trim: message tokens the client keeps, system prompt "
+        f"included, tools not counted (tiktoken o200k_base; default {TRIM_TOKENS})",
     )
     parser.add_argument(
         "--concurrency",
@@ -119,6 +138,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def to_config(args: argparse.Namespace) -> Config:
     from proxy.replay.benchmark import Config
 
+    if args.steps is not None and args.synthetic is None:
+        raise OptionError("--steps needs --synthetic")
+    if args.trim_tokens is not None and args.profile != "client-trim":
+        raise OptionError("--trim-tokens needs --profile client-trim")
     reset = args.reset_cache
     if reset is None and args.compare and not args.no_reset_cache:
         reset = args.target  # both runs start cold, so neither inherits the other's cache
@@ -127,6 +150,7 @@ def to_config(args: argparse.Namespace) -> Config:
         traces=args.traces,
         synthetic=args.synthetic,
         seed=args.seed,
+        synthetic_steps=args.steps,
         limit=args.limit,
         compare=args.compare,
         profile=args.profile,
@@ -134,6 +158,7 @@ def to_config(args: argparse.Namespace) -> Config:
         tool_latency=args.tool_latency,
         model=args.model,
         max_tokens=args.max_tokens,
+        trim_tokens=args.trim_tokens,
         reset_cache=reset,
         json_path=args.json,
         plot_path=args.plot,
@@ -149,7 +174,12 @@ def run(args: argparse.Namespace) -> int:
     from proxy.replay.benchmark import execute
 
     try:
-        return asyncio.run(execute(to_config(args), sys.stdout, sys.stderr))
+        config = to_config(args)
+    except OptionError as exc:
+        sys.stderr.write(f"prefill-proxy replay: {exc}\n")
+        return 2
+    try:
+        return asyncio.run(execute(config, sys.stdout, sys.stderr))
     except BrokenPipeError:
         # stdout's reader left (| head); the files are written: end quietly, and keep
         # Python's final flush from failing again (docs.python.org/3/library/signal.html,

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from proxy import tokens
 from proxy.replay.traces import Conversation
 
 
@@ -168,6 +170,88 @@ def mixed(prompt: Prompt, conversation: str, step: int) -> Prompt:
     return prompt
 
 
+# Token counting for ``client-trim``, as OpenAI's cookbook counts chat messages for
+# tiktoken ("How to count tokens with tiktoken", num_tokens_from_messages): 3 framing
+# tokens per message plus the tokens of its text fields.
+TOKENS_PER_MESSAGE = 3
+TRIM_TOKENS = 4096
+"""``client-trim``'s default budget: message tokens kept, system prompt included."""
+
+
+@functools.cache
+def _counter() -> tokens.Tiktoken | tokens.Estimate:
+    tokens.provision()  # offline: tiktoken's files come from the bpe-openai package
+    return tokens.counter()
+
+
+@functools.lru_cache(maxsize=65_536)
+def _text_tokens(text: str) -> int:
+    return _counter().count(text)
+
+
+def message_tokens(message: Mapping[str, Any]) -> int:
+    """Tokens of one OpenAI chat message: framing, role, text content (or its text parts),
+    name, and each tool call's function name and arguments (o200k_base)."""
+    count = TOKENS_PER_MESSAGE + _text_tokens(str(message.get("role", "")))
+    content = message.get("content")
+    if isinstance(content, str):
+        count += _text_tokens(content)
+    elif isinstance(content, list):
+        count += sum(
+            _text_tokens(str(part.get("text", ""))) for part in content if isinstance(part, dict)
+        )
+    if isinstance(message.get("name"), str):
+        count += _text_tokens(message["name"])
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        count += _text_tokens(str(function.get("name", "")))
+        count += _text_tokens(str(function.get("arguments", "")))
+    return count
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientTrim:
+    """The client keeps the system prompt and as many of the newest messages as fit in
+    ``max_tokens`` (system prompt included; tools not counted), then drops messages from
+    the front of what it kept until it starts on a user message.
+
+    Reproduces LangChain's ``trim_messages(messages, strategy="last", include_system=True,
+    start_on="human", allow_partial=False, token_counter=..., max_tokens=N)``
+    (langchain_core/messages/utils.py, ``_last_max_tokens``), the configuration its
+    documentation gives for a valid history ("How to trim messages": start on a human
+    message so a tool message never loses its assistant tool call). Whole messages only;
+    starting on a user message also drops anything before the first one that still fits
+    (tau2's injected greeting), on every request alike. If not even the newest user turn
+    fits, only the system prompt is sent, as ``trim_messages`` does. Tokens are counted
+    with tiktoken's o200k_base (proxy.tokens). The history's start moves forward whenever
+    the budget forces it past a user message, and the prefix cache then loses everything
+    after the system prompt and tools.
+    """
+
+    max_tokens: int = TRIM_TOKENS
+
+    def __call__(self, prompt: Prompt, conversation: str, step: int) -> Prompt:
+        messages = prompt.messages
+        if not messages:
+            return prompt
+        head = messages[:1] if messages[0].get("role") == "system" else []
+        rest = messages[len(head) :]
+        budget = max(0, self.max_tokens - sum(map(message_tokens, head)))
+        start = len(rest)
+        while start > 0 and message_tokens(rest[start - 1]) <= budget:
+            budget -= message_tokens(rest[start - 1])
+            start -= 1
+        while start < len(rest) and rest[start].get("role") != "user":
+            start += 1
+        kept = [*head, *rest[start:]]
+        if len(kept) == len(messages):
+            return prompt
+        return dataclasses.replace(prompt, messages=kept)
+
+
+client_trim = ClientTrim()
+
+
 PROFILES: Mapping[str, Profile] = MappingProxyType(
     {
         "faithful": faithful,
@@ -176,8 +260,16 @@ PROFILES: Mapping[str, Profile] = MappingProxyType(
         "reserialized-args": reserialized_args,
         "dropped-reasoning": dropped_reasoning,
         "mixed": mixed,
+        "client-trim": client_trim,
     }
 )
+
+
+def select(name: str, *, trim_tokens: int | None = None) -> Profile:
+    """Profile ``name``; ``trim_tokens`` sets the budget of ``client-trim``."""
+    if name == "client-trim" and trim_tokens is not None:
+        return ClientTrim(trim_tokens)
+    return PROFILES[name]
 
 
 def notes(name: str, conversations: Iterable[Conversation]) -> list[str]:

@@ -16,6 +16,7 @@ class StepRecord:
     e2e_s: float | None = None  # until the end of the stream
     status: int | None = None  # HTTP status; None when no response came
     error: str | None = None
+    compaction: str | None = None  # the proxy's compaction header: elide, summary, fallback
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,10 @@ from typing import Any
 from proxy import jsonio, sse
 from proxy.chunks import carries_token
 
+COMPACTION_HEADER = "x-prefill-proxy-compaction"
+"""Set by the proxy on the response to a request that carried a new compaction event; its
+value is the kind (elide, summary, fallback)."""
+
 
 class StreamObserver:
     """Feed it the response body as it arrives, with the time each chunk came."""

@@ -18,7 +18,12 @@ import httpx
 from proxy import jsonio
 from proxy.replay import profiles, request
 from proxy.replay.records import Run, StepRecord
-from proxy.replay.response import StreamObserver, error_message, token_counts
+from proxy.replay.response import (
+    COMPACTION_HEADER,
+    StreamObserver,
+    error_message,
+    token_counts,
+)
 from proxy.replay.traces import Conversation, Step, steps
 
 
@@ -33,6 +38,7 @@ class Options:
     concurrency: int = 1
     tool_latency: float = 0.0  # seconds the client "runs tools" before a step after tools
     max_tokens: int | None = None
+    trim_tokens: int | None = None  # client-trim's budget (default: profiles.TRIM_TOKENS)
 
 
 def make_client(concurrency: int, timeout: float, api_key: str | None = None) -> httpx.AsyncClient:
@@ -59,7 +65,7 @@ class Replayer:
         self._client = client
         self._url = target.rstrip("/") + "/v1/chat/completions"
         self._options = options
-        self._profile = profiles.PROFILES[options.profile]
+        self._profile = profiles.select(options.profile, trim_tokens=options.trim_tokens)
         self._on_step = on_step
         self._sleep = sleep
         self._clock = clock
@@ -101,6 +107,7 @@ class Replayer:
                 "POST", self._url, content=content, headers={"content-type": "application/json"}
             ) as response:
                 record.status = response.status_code
+                record.compaction = response.headers.get(COMPACTION_HEADER)
                 if response.status_code >= 400:
                     record.error = _body_error(await response.aread())
                     return record

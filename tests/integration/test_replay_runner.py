@@ -72,3 +72,28 @@ async def test_tool_latency_pauses_before_steps_that_follow_tool_results() -> No
     assert pauses == [0.25] * sum(step.after_tool for step in STEPS)
     _, none = await replay(Engine())
     assert none == []
+
+
+async def test_the_compaction_header_is_recorded_per_step() -> None:
+    compacted = {1: "summary", 4: "elide"}  # request number -> the proxy's header
+    count = 0
+
+    async def proxy(request: httpx.Request) -> httpx.Response:
+        nonlocal count
+        kind, count = compacted.get(count), count + 1
+        headers = {"x-prefill-proxy-compaction": kind} if kind else {}
+        body = b"".join(stream_events(include_usage=True))
+        return httpx.Response(200, content=body, headers=headers)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(proxy)) as client:
+        run = await Replayer(client, "http://proxy", Options(model="m")).run(CONVERSATIONS[:1])
+    assert {k: r.compaction for k, r in enumerate(run.steps) if r.compaction} == compacted
+
+
+async def test_client_trim_budget_reaches_the_requests() -> None:
+    engine = Engine()
+    await replay(engine, profile="client-trim", trim_tokens=1)
+    assert all(len(body["messages"]) == 1 for body in engine.bodies)  # the system prompt
+    engine = Engine()
+    await replay(engine, profile="client-trim")  # the default budget keeps these whole
+    assert max(len(body["messages"]) for body in engine.bodies) > 10

@@ -109,3 +109,34 @@ def test_progress_disabled_writes_nothing() -> None:
     progress.advance()
     progress.close()
     assert stream.text == ""
+
+
+def test_long_synthetic_sessions_and_trim_budget() -> None:
+    config = command.to_config(
+        parse(
+            "--synthetic",
+            "2",
+            "--steps",
+            "120",
+            "--target",
+            "u",
+            "--profile",
+            "client-trim",
+            "--trim-tokens",
+            "9000",
+        )
+    )
+    assert (config.synthetic, config.synthetic_steps, config.trim_tokens) == (2, 120, 9000)
+    assert command.to_config(parse("--synthetic", "2", "--target", "u")).synthetic_steps is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--traces", "t", "--steps", "100", "--target", "u"),
+        ("--traces", "t", "--trim-tokens", "100", "--target", "u"),  # profile faithful
+    ],
+)
+def test_options_that_do_not_go_together_end_with_status_2(argv, capsys) -> None:
+    assert command.run(parse(*argv)) == 2
+    assert "needs" in capsys.readouterr().err

@@ -128,6 +128,7 @@ def test_document_is_json() -> None:
         "e2e_s": None,
         "status": 503,
         "error": "fake 503",
+        "compaction": None,
     }
     assert decoded["config"] == {"profile": "faithful"}
     assert decoded["summary"]["requests"] == 6

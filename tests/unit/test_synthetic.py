@@ -110,3 +110,19 @@ def test_no_text_from_the_recorded_traces() -> None:
     ours |= {t["function"]["description"] for r in RECORDS[:2] for t in r["tools"]}
     copied = [line for line in ours if len(line) > 40 and line in recorded_text]
     assert copied == []
+
+
+def test_long_sessions_on_request_default_unchanged() -> None:
+    assert synthetic.generate(3, seed=0, steps=None) == RECORDS[:3]
+    long = synthetic.generate(2, seed=5, steps=120)
+    assert long == synthetic.generate(2, seed=5, steps=120)  # deterministic by seed
+    assert long != synthetic.generate(2, seed=6, steps=120)
+    for record in long:
+        calls = sum(m["role"] == "assistant" for m in record["messages"])
+        assert 120 <= calls <= 124, calls
+        assert record["id"].endswith("-120steps")
+        # Opens like the short conversation of the same (seed, index): same customer.
+        short = synthetic.generate(2, seed=5)[long.index(record)]
+        assert record["messages"][:3] == short["messages"][:3]
+    test_each_conversation_is_a_valid_openai_conversation(long[0])
+    assert len(traces.steps(traces.parse(long[1]))) >= 120

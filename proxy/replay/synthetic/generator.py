@@ -138,15 +138,19 @@ class _Writer:
             )
 
 
-def conversation(seed: int, index: int) -> dict[str, Any]:
-    """Conversation ``index`` of the set made with ``seed``, as a trace record."""
+def conversation(seed: int, index: int, steps: int | None = None) -> dict[str, Any]:
+    """Conversation ``index`` of the set made with ``seed``, as a trace record: about
+    ``steps`` model calls (tasks overshoot by about one), or 8 to 14 by default. The same
+    customer and opening whatever ``steps`` is; a long session goes on with more tasks."""
     rng = random.Random(f"prefill-proxy synthetic {seed} {index}")
     desk = DESKS[index % len(DESKS)]
     writer = _Writer(rng, desk)
     writer.user(desk.openers)
     writer.say(_ASK_IDENTITY)
     _identify(writer)
-    target = rng.randint(8, 14)  # model calls; tasks overshoot it by about one
+    target = rng.randint(8, 14)  # drawn even when ``steps`` is given: the same rng stream
+    if steps is not None:
+        target = steps
     while True:
         _task(writer)
         if writer.calls >= target - 1:
@@ -155,8 +159,9 @@ def conversation(seed: int, index: int) -> dict[str, Any]:
     writer.user(_THANKS)
     writer.say(_CLOSE)
     writer.user(_BYE)  # after the last assistant message: never sent, as in the traces
+    suffix = "" if steps is None else f"-{steps}steps"
     return {
-        "id": f"synthetic-{seed}-{index:04d}",
+        "id": f"synthetic-{seed}-{index:04d}{suffix}",
         "source": f"synthetic/{desk.name}",
         "tools": [tool.schema() for tool in desk.tools],
         "messages": writer.messages,
@@ -164,7 +169,8 @@ def conversation(seed: int, index: int) -> dict[str, Any]:
             "request": {"temperature": 0.0, "tool_choice": "auto"},
             "injected_assistant_idx": [],
             "format_retry_assistant_idx": [],
-            "generator": f"prefill-proxy synthetic, seed {seed}",
+            "generator": f"prefill-proxy synthetic, seed {seed}"
+            + ("" if steps is None else f", {steps} steps"),
         },
     }
 
