@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 RawHeaders = Sequence[tuple[bytes, bytes]]
 
 OVERHEAD = "x-prefill-proxy-overhead-ms"
+# On the response of a request that carried a new compaction event: its kind.
+COMPACTION = b"x-prefill-proxy-compaction"
 
 # RFC 9110 section 7.6.1: connection-specific fields are not forwarded. Host and length are
 # set again for the new connection and body.

@@ -218,6 +218,8 @@ class Handlers:
         out_headers = hdrs.client_response(
             upstream.headers, exchange.overhead_ms_header, keep_length=not strip_usage
         )
+        if exchange.compaction:
+            out_headers.append((hdrs.COMPACTION, exchange.compaction.encode()))
         finish = functools.partial(self._finish, turn)
         if chat and not (exchange.stream and hdrs.is_event_stream(upstream.headers)):
             return await self._buffered(upstream, exchange, out_headers, finish)

@@ -1,19 +1,445 @@
-"""Compaction of long sessions (stub: wired, not yet compacting)."""
+"""Compaction of long sessions: rarely, in big steps, with a byte-stable prefix between.
+
+Per request (``apply``, after the rewrite pipeline): build the session's compacted view
+(proxy.compaction.state) and estimate its tokens. Past the soft watermark, the next
+summary is started in the background. Past the high watermark, a compaction event:
+
+1. old, large tool results become short stand-ins (no model call); if that brings the
+   prompt under the soft watermark, that is the event;
+2. otherwise the turns between the pinned head and the recent window are replaced by the
+   running summary, which is ready by then (started at the soft watermark), or waited for
+   up to ``summary_wait`` seconds;
+3. with no summary, or still over the high watermark, the oldest turns are dropped behind
+   a marker (with the ids and amounts they held).
+
+A request is never made longer than the client's, and if even the pinned head plus the
+newest turn is over the engine's limit the client's request goes unchanged: the engine's
+own error is the right answer.
+
+After a reply (``after_reply``): calibrate the token estimate with the engine's count, and
+if the next request will cross the high watermark and its summary is ready, decide the
+event now and warm the compacted prompt in the engine while the client runs its tools.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from proxy.exchange import Exchange
-from proxy.tracker import Turn
+from proxy import tokens
+from proxy.compaction import plan
+from proxy.compaction.budget import Budget, ContextLimits, Sizer
+from proxy.compaction.state import Compaction, View, find_cut, view
+from proxy.compaction.summarizer import key_facts, summarize, summary_message, summary_request
+from proxy.config import Settings
+from proxy.exchange import Exchange, token_counts
+from proxy.metrics import Metrics
+from proxy.transcript import Mask, next_key
+from proxy.upstream import RawHeaders, Upstream
+
+log = logging.getLogger("prefill_proxy.compaction")
+
+# A failed summary is not asked for again for this long (per session).
+RETRY_S = 30.0
+# Estimate-to-engine ratios outside this range are ignored (a reply from another model).
+RATIO_RANGE = (0.5, 3.0)
+
+
+class Warmer(Protocol):
+    def warm(
+        self,
+        request: dict[str, Any],
+        credentials: RawHeaders,
+        session_key: str,
+        trigger: str = "compaction",
+    ) -> None: ...
+
+
+@dataclasses.dataclass
+class Pending:
+    """A summary being written in the background."""
+
+    task: asyncio.Task[str]
+    base: bytes | None  # the cut it extends (the state's cut_key when it started)
+    cut_key: bytes  # key of the last message it covers
+    cut_index: int
+    facts: list[str]
+    started: float
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """One request's messages (one per client message), their keys and token sizes."""
+
+    messages: list[Any]
+    keys: list[bytes]
+    sizes: list[int]
+    head: int
+    tools_tokens: int
 
 
 class Compactor:
-    async def apply(
-        self, request: dict[str, Any], turn: Turn, exchange: Exchange
-    ) -> dict[str, Any]:
-        """The request to forward: ``request`` itself, or a compacted copy."""
-        return request
+    def __init__(
+        self,
+        settings: Settings,
+        upstream: Upstream,
+        metrics: Metrics,
+        *,
+        summarizer: Upstream | None = None,
+        mask: Mask | None = None,
+        warmer: Warmer | None = None,
+    ) -> None:
+        self.settings = settings
+        self.limits = ContextLimits(settings, upstream)
+        self.summarizer = summarizer or upstream
+        self.metrics = metrics
+        self.mask = mask
+        self.warmer = warmer
+        self._sizer: Sizer | None = None  # tiktoken is provisioned at start-up, not here
+        self._pending: dict[str, Pending] = {}
+        self._failed: dict[str, float] = {}
 
-    def after_reply(self, turn: Turn, exchange: Exchange) -> None:
-        return None
+    @property
+    def sizer(self) -> Sizer:
+        if self._sizer is None:
+            self._sizer = Sizer(tokens.counter())
+        return self._sizer
+
+    def close(self) -> None:
+        """Cancel the summaries still being written (at shutdown)."""
+        for pending in self._pending.values():
+            pending.task.cancel()
+        self._pending.clear()
+
+    # -- per request ---------------------------------------------------------------------
+
+    async def apply(self, request: dict[str, Any], turn: Any, exchange: Exchange) -> dict[str, Any]:
+        """The request to forward: ``request`` itself, or a compacted copy."""
+        messages = request.get("messages")
+        if not isinstance(messages, list) or len(messages) != len(turn.keys):
+            return request
+        limit = await self.limits.get(str(request.get("model") or ""))
+        if limit is None:
+            return request
+        budget = Budget.of(limit, self.settings)
+        session = turn.session
+        state = session.compaction
+        if not isinstance(state, Compaction):
+            state = session.compaction = Compaction()
+        snap = self._snapshot(messages, turn.keys, state, request.get("tools"))
+        cut = find_cut(state, snap.keys)
+        if cut is None:  # the client changed the folded part: what was folded is gone
+            state = session.compaction = Compaction(sizes=state.sizes, ratio=state.ratio)
+            self._pending.pop(session.key, None)
+            cut = 0
+        current = self._view(state, snap, cut)
+        estimate = self._estimate(current, snap, state)
+        if estimate > budget.high:
+            ready, reason = await self._summary_for(state, snap, budget, cut, turn, request)
+            new, kind, fallback = self._transition(state, snap, budget, cut, ready)
+            if not kind:  # nothing left to compact
+                if estimate > budget.limit:
+                    self.metrics.compaction_fallbacks.labels("too_long").inc()
+                return request if estimate > budget.limit else self._with(request, current)
+            new_cut = find_cut(new, snap.keys) or 0
+            compacted = self._view(new, snap, new_cut)
+            after = self._estimate(compacted, snap, new)
+            if after > budget.limit:  # even head + newest turn: let the engine say so
+                self.metrics.compaction_fallbacks.labels("too_long").inc()
+                return request
+            self._commit(session, new, kind, fallback or (reason if kind == "fallback" else ""))
+            self._observe_event(kind, estimate, after)
+            exchange.compaction = kind
+            state, current = new, compacted
+        else:
+            if state.unreported:  # decided after the last reply: this request carries it
+                exchange.compaction, state.unreported = state.unreported, ""
+            if estimate > budget.soft:
+                self._start_summary(state, snap, budget, cut, turn, request)
+        state.last_estimate = sum(current.sizes) + snap.tools_tokens
+        return self._with(request, current)
+
+    @staticmethod
+    def _with(request: dict[str, Any], current: View) -> dict[str, Any]:
+        if current.messages == request["messages"]:
+            return request
+        return {**request, "messages": current.messages}
+
+    # -- after a reply -------------------------------------------------------------------
+
+    def after_reply(self, turn: Any, exchange: Exchange) -> None:
+        state = turn.session.compaction
+        if not isinstance(state, Compaction):
+            return
+        counts = token_counts(exchange.usage)
+        if counts is not None and counts[0] and state.last_estimate:
+            ratio = counts[0] / state.last_estimate
+            if RATIO_RANGE[0] <= ratio <= RATIO_RANGE[1]:
+                state.ratio = ratio
+        if counts is None:
+            return
+        used = counts[0] + counts[2]
+        # What the client added since the last reply: the next step will add about as much.
+        growth = max(counts[0] - state.last_used, 0) if state.last_used else 0
+        state.last_used = used
+        if self.warmer is not None and exchange.reply is not None:
+            self._decide_ahead(state, turn, exchange, used + growth)
+
+    def _decide_ahead(
+        self, state: Compaction, turn: Any, exchange: Exchange, predicted: int
+    ) -> None:
+        """If the next request will cross the high watermark and its summary is ready,
+        make the event now and warm its prompt: the client is busy with its tools."""
+        limit = self.limits.known(str(turn.request.get("model") or ""))
+        pending = self._pending.get(turn.session.key)
+        if limit is None or pending is None or not _succeeded(pending.task):
+            return
+        budget = Budget.of(limit, self.settings)
+        if predicted <= budget.high:
+            return
+        aligned = turn.rewritten_messages or turn.forwarded_messages
+        if len(aligned) != len(turn.keys) or not turn.keys:
+            return
+        reply = exchange.reply
+        messages = [*aligned, reply]
+        keys = [*turn.keys, next_key(turn.keys[-1], reply, self.mask)]
+        snap = self._snapshot(messages, keys, state, turn.request.get("tools"))
+        cut = find_cut(state, keys)
+        if cut is None or pending.base != state.cut_key:
+            return
+        new, kind, fallback = self._transition(state, snap, budget, cut, pending)
+        if kind in ("", "fallback") or fallback:
+            return  # the request itself decides, with its summary_wait
+        before = self._estimate(self._view(state, snap, cut), snap, state)
+        compacted = self._view(new, snap, find_cut(new, keys) or 0)
+        after = self._estimate(compacted, snap, new)
+        new.unreported = kind
+        self._commit(turn.session, new, kind, "")
+        self._observe_event(kind, before, after)
+        warm = {**turn.request, "messages": compacted.messages}
+        self.warmer.warm(warm, turn.credentials, turn.session.key, "compaction")  # type: ignore[union-attr]
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def _transition(
+        self,
+        state: Compaction,
+        snap: Snapshot,
+        budget: Budget,
+        cut: int,
+        ready: Pending | None,
+    ) -> tuple[Compaction, str, str]:
+        """(new state, event kind, fallback reason) for a request past the high watermark."""
+        new = state.copy()
+        new.events += 1
+        new.unreported = ""
+        floor = max(cut, snap.head)
+        window = plan.window_start(snap.sizes, snap.messages, floor, budget.window)
+        for index in plan.elision_candidates(
+            snap.messages,
+            snap.sizes,
+            floor,
+            window,
+            min_tokens=self.settings.elide_min_tokens,
+            after_steps=self.settings.elide_after_steps,
+        ):
+            key = snap.keys[index]
+            if key not in new.elided:
+                name = plan.tool_name(snap.messages, index)
+                new.elided[key] = plan.elided(snap.messages[index], name, snap.sizes[index])
+        elided_some = len(new.elided) > len(state.elided)
+        if elided_some and self._fits(new, snap, cut, budget.soft):
+            return new, "elide", ""
+        kind, fallback = "elide" if elided_some else "", ""
+        if ready is not None:
+            new.cut_key, new.cut_hint = ready.cut_key, ready.cut_index - 1
+            new.summary = ready.task.result()
+            new.facts = ready.facts
+            new.stand_in = summary_message(new.summary, new.facts)
+            cut, kind = ready.cut_index, "summary"
+            kept = set(snap.keys[cut:])  # elisions inside the summarized part are gone
+            new.elided = {key: value for key, value in new.elided.items() if key in kept}
+            if self._fits(new, snap, cut, budget.high):
+                return new, kind, ""
+            fallback = "still_over"
+        # Drop the oldest turns (after any summary) until the prompt is under the soft mark.
+        floor = max(cut, snap.head)
+        stand_in_tokens = self.sizer.message(new.stand_in) if new.stand_in else 0
+        fixed = sum(snap.sizes[: snap.head]) + stand_in_tokens + 96 + snap.tools_tokens
+        target = int(budget.soft / new.ratio)
+        drop_to = plan.cut_to_fit(snap.sizes, snap.messages, floor, fixed, target)
+        if drop_to <= floor:  # nothing left to drop: the newest turn is all there is
+            return new, kind, fallback
+        dropped = snap.messages[floor:drop_to]
+        new.facts = key_facts(dropped, previous=new.facts)
+        text = plan.marker(drop_to - floor)["content"]
+        new.summary = f"{new.summary}\n\n{text}" if new.summary else None
+        new.stand_in = summary_message(new.summary or text, new.facts)
+        new.cut_key, new.cut_hint = snap.keys[drop_to - 1], drop_to - 1
+        kept = set(snap.keys[drop_to:])
+        new.elided = {key: value for key, value in new.elided.items() if key in kept}
+        return new, "fallback", fallback
+
+    def _fits(self, state: Compaction, snap: Snapshot, cut: int, limit: int) -> bool:
+        return self._estimate(self._view(state, snap, cut), snap, state) <= limit
+
+    # -- summaries -----------------------------------------------------------------------
+
+    async def _summary_for(
+        self,
+        state: Compaction,
+        snap: Snapshot,
+        budget: Budget,
+        cut: int,
+        turn: Any,
+        request: dict[str, Any],
+    ) -> tuple[Pending | None, str]:
+        """The summary for an event now: (ready summary or None, fallback reason)."""
+        pending = self._valid_pending(turn.session.key, state, snap)
+        if pending is None:
+            pending = self._start_summary(state, snap, budget, cut, turn, request)
+        if pending is None:
+            return None, "summary_failed"
+        outcome = "on_time"
+        if not pending.task.done():
+            waited = time.perf_counter()
+            try:
+                await asyncio.wait_for(asyncio.shield(pending.task), self.settings.summary_wait)
+                outcome = "late"
+            except TimeoutError:
+                outcome = "missing"
+            except Exception:  # it ended in an error: read from the task below
+                outcome = "late"
+            self.metrics.compaction_wait.observe(time.perf_counter() - waited)
+        if outcome != "missing" and not _succeeded(pending.task):
+            outcome = "failed"
+            self._pending.pop(turn.session.key, None)
+        self.metrics.summaries.labels(outcome).inc()
+        if outcome in ("on_time", "late"):
+            return pending, ""
+        return None, "summary_late" if outcome == "missing" else "summary_failed"
+
+    def _valid_pending(self, key: str, state: Compaction, snap: Snapshot) -> Pending | None:
+        pending = self._pending.get(key)
+        if pending is None:
+            return None
+        index = pending.cut_index - 1
+        if (
+            pending.base != state.cut_key
+            or index >= len(snap.keys)
+            or snap.keys[index] != pending.cut_key
+        ):
+            self._pending.pop(key, None)
+            pending.task.cancel()
+            return None
+        return pending
+
+    def _start_summary(
+        self,
+        state: Compaction,
+        snap: Snapshot,
+        budget: Budget,
+        cut: int,
+        turn: Any,
+        request: dict[str, Any],
+    ) -> Pending | None:
+        key = turn.session.key
+        if self._valid_pending(key, state, snap) is not None:
+            return self._pending[key]
+        failed_at = self._failed.get(key)
+        if failed_at is not None and time.monotonic() - failed_at < RETRY_S:
+            return None
+        floor = max(cut, snap.head)
+        end = plan.window_start(snap.sizes, snap.messages, floor, budget.window)
+        if end <= floor:
+            return None
+        folded = snap.messages[floor:end]
+        model = self.settings.summarizer_model or str(request.get("model") or "")
+        ask = summary_request(model, state.summary, folded, self.settings.summary_max_tokens)
+        task = asyncio.create_task(self._summarize(key, ask, turn.credentials))
+        task.add_done_callback(_retrieve)
+        if len(self._pending) >= self.settings.session_max:  # sessions the store dropped
+            oldest = next(iter(self._pending))
+            self._pending.pop(oldest).task.cancel()
+        if len(self._failed) >= self.settings.session_max:
+            self._failed.clear()
+        pending = Pending(
+            task,
+            base=state.cut_key,
+            cut_key=snap.keys[end - 1],
+            cut_index=end,
+            facts=key_facts(folded, previous=state.facts),
+            started=time.monotonic(),
+        )
+        self._pending[key] = pending
+        return pending
+
+    async def _summarize(self, key: str, request: dict[str, Any], credentials: RawHeaders) -> str:
+        started = time.perf_counter()
+        try:
+            text = await summarize(
+                self.summarizer,
+                request,
+                credentials=credentials,
+                timeout=self.settings.summary_timeout,
+            )
+        except Exception as exc:
+            log.warning("summary failed: %s", exc)
+            self._failed[key] = time.monotonic()
+            raise
+        self.metrics.summary_latency.observe(time.perf_counter() - started)
+        return text
+
+    # -- bookkeeping ---------------------------------------------------------------------
+
+    def _snapshot(
+        self, messages: list[Any], keys: Sequence[bytes], state: Compaction, tools: Any
+    ) -> Snapshot:
+        sizes = self.sizer.messages(messages, keys, state.sizes)
+        return Snapshot(
+            messages, list(keys), sizes, plan.head_length(messages), self.sizer.tools(tools)
+        )
+
+    def _view(self, state: Compaction, snap: Snapshot, cut: int) -> View:
+        stand_in = self.sizer.message(state.stand_in) if state.stand_in else 0
+        return view(state, snap.messages, snap.keys, snap.sizes, snap.head, cut, stand_in)
+
+    def _estimate(self, current: View, snap: Snapshot, state: Compaction) -> int:
+        return int((sum(current.sizes) + snap.tools_tokens) * state.ratio)
+
+    def _commit(self, session: Any, new: Compaction, kind: str, fallback: str) -> None:
+        old = session.compaction
+        session.compaction = new
+        pending = self._pending.get(session.key)
+        if pending is not None and pending.base != new.cut_key:
+            if new.cut_key != pending.cut_key or not _succeeded(pending.task):
+                pending.task.cancel()
+            self._pending.pop(session.key, None)
+        if fallback:
+            self.metrics.compaction_fallbacks.labels(fallback).inc()
+        log.info(
+            "compaction %s: session event %d, %d tool results elided",
+            kind,
+            new.events,
+            len(new.elided) - (len(old.elided) if isinstance(old, Compaction) else 0),
+        )
+
+    def _observe_event(self, kind: str, before: int, after: int) -> None:
+        log.info("compaction %s: about %d -> %d prompt tokens", kind, before, after)
+        self.metrics.compactions.labels(kind).inc()
+        self.metrics.compaction_tokens_removed.inc(max(before - after, 0))
+        self.metrics.compacted_prompt_tokens.observe(after)
+
+
+def _succeeded(task: asyncio.Task[str]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is None
+
+
+def _retrieve(task: asyncio.Task[str]) -> None:
+    """Mark a failed summary's error as seen (it was logged and counted when it failed)."""
+    if not task.cancelled():
+        task.exception()

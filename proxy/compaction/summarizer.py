@@ -1,0 +1,158 @@
+"""The running summary: the request that asks a model for it, and the message it becomes.
+
+The summary is written by the upstream model itself (or a configured summarizer engine)
+from a plain-text transcript of the turns being folded, extending the previous summary
+when there is one. Models, small ones above all, drop identifiers: so the proxy also
+lists, deterministically, the ids, amounts and dates that appear in the folded turns
+(``key_facts``) and appends them to the summary. Later steps can still quote a
+reservation id the model left out of its prose.
+
+The prompt (``INSTRUCTIONS``) is part of the product: it is documented in the README and
+changing it changes every summary.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from proxy import jsonio
+from proxy.errors import UpstreamError
+from proxy.upstream import RawHeaders, Upstream
+
+INSTRUCTIONS = (
+    "You compress the history of an AI agent's conversation so the agent can carry on its "
+    "task after the older turns are removed. Write a concise summary in plain sentences, "
+    "in the past tense, of: what the user asked for; what the agent found out from tool "
+    "results (keep every id, name, number, amount and date exactly as written); what was "
+    "decided or done, and what the user confirmed or refused; what is still open. Do not "
+    "invent anything and do not address the user."
+)
+SUMMARY_HEADER = "[Summary of the earlier part of this conversation, written to fit the context]"
+FACTS_HEADER = "Ids, amounts and dates from the summarized turns:"
+# Room for the transcript's framing words; the transcript itself is bounded by what the
+# compactor folds (well under the context).
+MAX_FACTS = 64
+# Tokens that carry facts: with a digit in them (ids, amounts, dates, phone numbers) or an
+# e-mail address. Whole words only, trailing punctuation left out.
+_FACT = re.compile(
+    r"[\w.+-]+@[\w-]+\.[\w.-]+"  # e-mail
+    r"|[$€£]\s?\d[\d,]*(?:\.\d+)?"  # money
+    r"|\b\d{4}-\d{2}-\d{2}\b"  # ISO date
+    r"|#?\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[\w-]{4,}\b"  # ids mixing letters and digits
+    r"|\b\d[\d,]*\.\d+\b|\b\d{3,}\b"  # numbers worth keeping
+)
+
+
+def transcript(messages: Sequence[Any]) -> str:
+    """The folded turns as plain text, one block per message."""
+    blocks: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role = str(message.get("role") or "unknown")
+        text = _text(message.get("content"))
+        if role == "tool":
+            name = message.get("name") or message.get("tool_call_id") or ""
+            blocks.append(f"TOOL RESULT {name}:\n{text}".rstrip())
+            continue
+        lines = [f"{role.upper()}:\n{text}".rstrip()] if text else []
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                args = function.get("arguments")
+                args = args if isinstance(args, str) else jsonio.dumps(args).decode()
+                lines.append(f"{role.upper()} CALLED {function.get('name')}({args})")
+        blocks.extend(lines)
+    return "\n\n".join(blocks)
+
+
+def summary_request(
+    model: str, previous: str | None, messages: Sequence[Any], max_tokens: int
+) -> dict[str, Any]:
+    """The chat request that asks for the new running summary."""
+    parts = []
+    if previous:
+        parts.append(f"Summary so far:\n{previous}")
+    parts.append(f"Conversation turns to add to the summary:\n\n{transcript(messages)}")
+    parts.append("Write the updated summary now.")
+    return {
+        "model": model,
+        "messages": [
+            {"role": "system", "content": INSTRUCTIONS},
+            {"role": "user", "content": "\n\n".join(parts)},
+        ],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": False,
+    }
+
+
+def key_facts(messages: Sequence[Any], previous: Iterable[str] = ()) -> list[str]:
+    """Ids, amounts and dates from the messages, in order of first appearance, after the
+    ones already kept (``previous``); at most MAX_FACTS, the newest kept."""
+    seen = dict.fromkeys(previous)
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        texts = [_text(message.get("content"))]
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                texts.append(str(function.get("arguments") or ""))
+        for text in texts:
+            for match in _FACT.finditer(text):
+                seen.setdefault(match.group(0).rstrip(".,"), None)
+    facts = list(seen)
+    return facts[-MAX_FACTS:]
+
+
+def summary_text(reply: bytes) -> str:
+    """The summary in a chat completion body; raises ValueError if there is none."""
+    payload = jsonio.loads(reply)
+    try:
+        content = payload["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ValueError("the summarizer's reply has no message content") from exc
+    if not isinstance(content, str) or not content.strip():
+        raise ValueError("the summarizer's reply is empty")
+    return content.strip()
+
+
+def summary_message(text: str, facts: Sequence[str]) -> dict[str, Any]:
+    """The message that stands in for the folded turns, right after the pinned head. A
+    user message: every chat template accepts one there, unlike a second system message."""
+    body = f"{SUMMARY_HEADER}\n{text}"
+    if facts:
+        body += f"\n\n{FACTS_HEADER} {', '.join(facts)}"
+    return {"role": "user", "content": body}
+
+
+async def summarize(
+    upstream: Upstream,
+    request: dict[str, Any],
+    *,
+    credentials: RawHeaders = (),
+    timeout: float | None = None,
+) -> str:
+    """Ask the summarizer; the summary text, or UpstreamError / ValueError."""
+    status, body = await upstream.call(
+        "/v1/chat/completions", request, headers=credentials, timeout=timeout
+    )
+    if status != 200:
+        detail = body[:300].decode(errors="replace")
+        raise UpstreamError(f"summarizer {upstream.base_url} answered {status}: {detail}")
+    return summary_text(body)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content.strip()
+    if isinstance(content, list):
+        return " ".join(
+            part["text"].strip()
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
