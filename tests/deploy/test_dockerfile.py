@@ -37,7 +37,7 @@ def main_dependencies() -> list[Requirement]:
 
 
 def pins() -> dict[str, str]:
-    found = {}
+    found: dict[str, str] = {}
     for line in CONSTRAINTS.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:

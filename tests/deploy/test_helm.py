@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from proxy import config
 from tests.deploy.test_kubernetes import NOT_IN_SCHEMAS, SCHEMA_VERSION, SETTINGS_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +27,33 @@ OVERRIDES: dict[str, Any] = {
         "volatilePatterns": [r"\d{4}-\d\d-\d\d"],
         "timeouts": {"read": 30, "total": 0},
         "extraEnv": {"PREFILL_PROXY_MODEL_LABEL_LIMIT": 64},
+        "contextLimit": 32768,
+        "compaction": {
+            "enabled": False,
+            "highWatermark": 0.8,
+            "softWatermark": 0.5,
+            "window": 0.2,
+            "elideAfterSteps": 6,
+            "elideMinTokens": 0,
+            "summary": {
+                "maxTokens": 1024,
+                "wait": 0.5,
+                "timeout": 60,
+                "url": "http://summarizer.llm.svc:8000",
+                "model": "qwen-small",
+            },
+        },
+        "warmup": {
+            "enabled": False,
+            "maxInflight": 8,
+            "maxWaiting": 2,
+            "maxProxyInflight": 32,
+            "priority": 1,
+        },
+        "engineBlockSize": 32,
+        "parallelToolCalls": False,
+        "batchingInstruction": True,
+        "fanout": {"hold": 0, "minTokens": 4096},
     },
     "vllm": {"port": 9000, "extraArgs": ["--max-model-len=32768"]},
     "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}},
@@ -139,11 +167,94 @@ def test_sidecar_upstream_follows_the_vllm_port() -> None:
     assert env(docs)["PREFILL_PROXY_UPSTREAM"] == "http://127.0.0.1:9000"
 
 
-def test_placeholders_are_in_values_but_not_rendered(default: Any, custom: Any) -> None:
-    assert {"contextLimit", "highWatermark", "softWatermark", "window"} <= VALUES["budgets"].keys()
-    assert {"enabled", "maxConcurrent"} <= VALUES["warmup"].keys()
-    for docs, _ in (default, custom):
-        assert not [k for k in env(docs) if re.search("BUDGET|WATERMARK|WARMUP|WINDOW", k)]
+def test_defaults_are_the_proxys_defaults(default: tuple[list[dict[str, Any]], str]) -> None:
+    """values.yaml mirrors proxy.config.Settings: every rendered setting but the listen
+    address loads to its default, so the chart changes nothing a user did not ask for."""
+    docs, notes = default
+    data = env(docs)
+    loaded = config.load(environ=data)
+    defaults = config.Settings()
+    differ = {
+        name
+        for name in (f.name for f in config.fields())
+        if config.env_name(name) in data and getattr(loaded, name) != getattr(defaults, name)
+    }
+    assert differ == {"host"}, differ
+    for setting in ("context_limit", "compaction", "compaction_high", "summarizer_url", "warmup"):
+        assert config.env_name(setting) in data, setting
+    (vllm,) = [
+        c
+        for c in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "vllm"
+    ]
+    assert not [a for a in vllm["args"] if "scheduling-policy" in a]
+    assert "Compaction: on, at 0.75 of vLLM's max_model_len." in notes
+    assert "Warm-up: on (at most 4 at once)." in notes
+
+
+def test_compaction_and_warmup_values_reach_the_settings(custom: Any) -> None:
+    docs, notes = custom
+    loaded = config.load(environ=env(docs))
+    assert loaded.context_limit == 32768
+    assert loaded.compaction is False
+    assert (loaded.compaction_high, loaded.compaction_soft, loaded.compaction_window) == (
+        0.8,
+        0.5,
+        0.2,
+    )
+    assert (loaded.elide_after_steps, loaded.elide_min_tokens) == (6, 0)
+    assert (loaded.summary_max_tokens, loaded.summary_wait, loaded.summary_timeout) == (
+        1024,
+        0.5,
+        60.0,
+    )
+    assert loaded.summarizer_url == "http://summarizer.llm.svc:8000"
+    assert loaded.summarizer_model == "qwen-small"
+    assert loaded.warmup is False
+    assert (
+        loaded.warmup_max_inflight,
+        loaded.warmup_max_waiting,
+        loaded.warmup_max_proxy_inflight,
+        loaded.warmup_priority,
+    ) == (8, 2, 32, 1)
+    assert loaded.engine_block_size == 32
+    assert loaded.parallel_tool_calls is False and loaded.batching_instruction is True
+    assert (loaded.fanout_hold, loaded.fanout_min_tokens) == (0.0, 4096)
+    assert "Compaction: off. Warm-up: off." in notes
+
+
+def vllm_args(values: dict[str, Any]) -> list[str]:
+    docs, _ = render(values)
+    containers = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    (vllm,) = [c for c in containers if c["name"] == "vllm"]
+    return list(vllm["args"])
+
+
+def test_warmup_priority_switches_vllm_to_priority_scheduling() -> None:
+    """vLLM rejects a request's priority unless it runs --scheduling-policy priority."""
+    assert "--scheduling-policy=priority" in vllm_args({"proxy": {"warmup": {"priority": 1}}})
+    off = {"proxy": {"warmup": {"priority": 1, "enabled": False}}}
+    assert not [a for a in vllm_args(off) if "scheduling-policy" in a]
+    own = {
+        "proxy": {"warmup": {"priority": 1}},
+        "vllm": {"extraArgs": ["--scheduling-policy=fcfs"]},
+    }
+    assert [a for a in vllm_args(own) if "scheduling-policy" in a] == ["--scheduling-policy=fcfs"]
+
+
+@pytest.mark.parametrize(
+    "compaction",
+    [
+        {"softWatermark": 0.9},  # above high
+        {"window": 0.7},  # above soft
+        {"highWatermark": 1.2},
+        {"window": 0},
+    ],
+)
+def test_watermarks_out_of_order_fail_the_render(compaction: dict[str, float]) -> None:
+    """The proxy would refuse to start (SettingsError); the chart says so at install."""
+    with pytest.raises(helm.HelmRenderError, match=r"proxy\.compaction: need 0 < window"):
+        render({"proxy": {"compaction": compaction}})
 
 
 def test_service_monitor_finds_the_metrics_service(custom: Any) -> None:
@@ -159,3 +270,23 @@ def test_service_monitor_finds_the_metrics_service(custom: Any) -> None:
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     for service in services:
         assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+def leaves(node: Any, path: str) -> list[str]:
+    if isinstance(node, dict):
+        return [leaf for key, value in node.items() for leaf in leaves(value, f"{path}.{key}")]
+    return [path]
+
+
+def test_readme_documents_the_compaction_and_warmup_values() -> None:
+    readme = (CHART / "README.md").read_text()
+    proxy = VALUES["proxy"]
+    documented = [
+        *leaves(proxy["compaction"], "proxy.compaction"),
+        *leaves(proxy["warmup"], "proxy.warmup"),
+        *leaves(proxy["fanout"], "proxy.fanout"),
+        *(f"proxy.{key}" for key in ("contextLimit", "engineBlockSize", "parallelToolCalls")),
+        "proxy.batchingInstruction",
+    ]
+    missing = [value for value in documented if f"`{value}`" not in readme]
+    assert not missing, missing

@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from proxy import config
 from proxy.config import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,3 +100,16 @@ def test_services_reach_the_proxy_and_the_service_monitor_finds_them() -> None:
     ports = {p["name"] for p in matched[0]["spec"]["ports"]}
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports
     assert all(e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
+
+
+def test_configmap_loads_as_settings() -> None:
+    """The proxy starts with these values (a bad one is a SettingsError at start), and the
+    compaction and warm-up settings it spells out are the defaults."""
+    (configmap,) = by_kind("ConfigMap")
+    settings = config.load(environ=configmap["data"])
+    assert settings.compaction and settings.warmup
+    assert settings.context_limit == 0  # vLLM's max_model_len
+    defaults = Settings()
+    for name in ("compaction_high", "compaction_soft", "compaction_window", "summary_wait"):
+        assert config.env_name(name) in configmap["data"], name
+        assert getattr(settings, name) == getattr(defaults, name), name
