@@ -17,6 +17,7 @@ class StepRecord:
     status: int | None = None  # HTTP status; None when no response came
     error: str | None = None
     compaction: str | None = None  # the proxy's compaction header: elide, summary, fallback
+    proxy_overhead_ms: float | None = None  # the proxy's own overhead header, if any
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import Any
 from proxy import jsonio, sse
 from proxy.chunks import carries_token
 
+OVERHEAD_HEADER = "x-prefill-proxy-overhead-ms"  # proxy.headers.OVERHEAD
 COMPACTION_HEADER = "x-prefill-proxy-compaction"
 """Set by the proxy on the response to a request that carried a new compaction event; its
 value is the kind (elide, summary, fallback)."""
@@ -51,6 +52,14 @@ class StreamObserver:
         choices = payload.get("choices")
         if self.first_token_at is None and choices and any(carries_token(c) for c in choices):
             self.first_token_at = now
+
+
+def overhead_ms(value: str | None) -> float | None:
+    """The proxy's overhead header as a number; None when absent or not a number."""
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def error_message(payload: Any) -> str:

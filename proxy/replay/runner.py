@@ -20,8 +20,10 @@ from proxy.replay import profiles, request
 from proxy.replay.records import Run, StepRecord
 from proxy.replay.response import (
     COMPACTION_HEADER,
+    OVERHEAD_HEADER,
     StreamObserver,
     error_message,
+    overhead_ms,
     token_counts,
 )
 from proxy.replay.traces import Conversation, Step, steps
@@ -108,6 +110,7 @@ class Replayer:
             ) as response:
                 record.status = response.status_code
                 record.compaction = response.headers.get(COMPACTION_HEADER)
+                record.proxy_overhead_ms = overhead_ms(response.headers.get(OVERHEAD_HEADER))
                 if response.status_code >= 400:
                     record.error = _body_error(await response.aread())
                     return record

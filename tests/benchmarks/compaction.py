@@ -169,8 +169,8 @@ def figures(steps: list[dict[str, Any]], high: int) -> dict[str, Any]:
     cached = sum(s["cached_tokens"] or 0 for s in between)
     prompts = [s["prompt_tokens"] or 0 for s in ok]
 
-    def ttft(group: list[dict[str, Any]]) -> float | None:
-        return percentile([s["ttft_s"] for s in group if s["ttft_s"] is not None], 0.5)
+    def p50(group: list[dict[str, Any]], key: str, scale: float = 1.0) -> float | None:
+        return percentile([s[key] * scale for s in group if s.get(key) is not None], 0.5)
 
     return {
         "requests": len(steps),
@@ -181,8 +181,10 @@ def figures(steps: list[dict[str, Any]], high: int) -> dict[str, Any]:
         "conversations compacted": len({s["conversation"] for s in compacted}),
         "cached share": cached / prompt if prompt else None,
         "computed": sum((s["prompt_tokens"] or 0) - (s["cached_tokens"] or 0) for s in ok),
-        "ttft compaction": ttft(compacted),
-        "ttft others": ttft(between),
+        "ttft compaction": p50(compacted, "ttft_s"),
+        "ttft others": p50(between, "ttft_s"),
+        "overhead compaction": p50(compacted, "proxy_overhead_ms", 0.001),
+        "overhead others": p50(between, "proxy_overhead_ms", 0.001),
     }
 
 
@@ -207,6 +209,8 @@ ROWS = (
     ("prefill computed (client usage)", lambda f: f"{f['computed']:,}"),
     ("TTFT p50, compaction steps", lambda f: _ms(f["ttft compaction"])),
     ("TTFT p50, other steps >= 1", lambda f: _ms(f["ttft others"])),
+    ("proxy overhead p50, compaction steps", lambda f: _ms(f["overhead compaction"])),
+    ("proxy overhead p50, other steps >= 1", lambda f: _ms(f["overhead others"])),
 )
 
 
@@ -265,6 +269,10 @@ def proxy_lines(runs: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _keyed(samples: dict[tuple[str, str], float]) -> dict[str, float]:
+    return {f"{name}{{{label}}}" if label else name: v for (name, label), v in samples.items()}
+
+
 def main() -> int:
     args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -283,6 +291,11 @@ def main() -> int:
     }
     print(table(runs, high) + "\n")
     print("\n".join(proxy_lines(runs)))
+    summary = {
+        label: {"engine_computed": run["engine_computed"], "proxy_metrics": _keyed(run["proxy"])}
+        for label, run in runs.items()
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return 0
 
 

@@ -81,13 +81,16 @@ async def test_the_compaction_header_is_recorded_per_step() -> None:
     async def proxy(request: httpx.Request) -> httpx.Response:
         nonlocal count
         kind, count = compacted.get(count), count + 1
-        headers = {"x-prefill-proxy-compaction": kind} if kind else {}
+        headers = {"x-prefill-proxy-overhead-ms": "0.75"}
+        if kind:
+            headers["x-prefill-proxy-compaction"] = kind
         body = b"".join(stream_events(include_usage=True))
         return httpx.Response(200, content=body, headers=headers)
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(proxy)) as client:
         run = await Replayer(client, "http://proxy", Options(model="m")).run(CONVERSATIONS[:1])
     assert {k: r.compaction for k, r in enumerate(run.steps) if r.compaction} == compacted
+    assert {r.proxy_overhead_ms for r in run.steps} == {0.75}
 
 
 async def test_client_trim_budget_reaches_the_requests() -> None:

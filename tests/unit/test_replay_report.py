@@ -129,6 +129,7 @@ def test_document_is_json() -> None:
         "status": 503,
         "error": "fake 503",
         "compaction": None,
+        "proxy_overhead_ms": None,
     }
     assert decoded["config"] == {"profile": "faithful"}
     assert decoded["summary"]["requests"] == 6
