@@ -20,6 +20,7 @@ from proxy.rewrite import Pipeline, Transform
 from proxy.rewrite.canonical_tools import canonical_tools
 from proxy.rewrite.restore import restore_history
 from proxy.rewrite.template_kwargs import pin_template_kwargs
+from proxy.rewrite.tool_batching import tool_batching
 from proxy.rewrite.volatile import VolatileDetector, move_volatile
 from proxy.routes import CHAT_ROUTE, Handlers
 from proxy.sessions import MemoryStore
@@ -32,8 +33,12 @@ PASSTHROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD
 
 def default_transforms(settings: Settings) -> list[Transform]:
     """The rewrite pipeline, in order. Restoration reads the client's own messages, so it
-    runs before anything that changes them."""
-    return [canonical_tools, pin_template_kwargs, restore_history, move_volatile]
+    runs before anything that changes them. Tool batching comes last: it appends to the
+    system prompt as the other transforms left it (never restored: proxy.prefix)."""
+    batching = tool_batching(
+        parallel=settings.parallel_tool_calls, instruction=settings.batching_instruction
+    )
+    return [canonical_tools, pin_template_kwargs, restore_history, move_volatile, batching]
 
 
 def create_app(
@@ -61,9 +66,15 @@ def create_app(
         if settings.compaction:
             compactor = Compactor()
         tracker.listeners = [
-            listener for listener in (RoundTrips(), warmer, compactor) if listener is not None
+            listener
+            for listener in (RoundTrips(metrics), warmer, compactor)
+            if listener is not None
         ]
-    fanout = FanoutGate() if settings.fanout_hold > 0 else None
+    fanout = (
+        FanoutGate(settings.fanout_hold, settings.fanout_min_tokens, metrics)
+        if settings.fanout_hold > 0
+        else None
+    )
     handlers = Handlers(
         settings, upstream, pipeline, Recorder(metrics), tracker, compactor=compactor, fanout=fanout
     )
