@@ -145,12 +145,12 @@ class Compactor:
                 if estimate > budget.limit:
                     self.metrics.compaction_fallbacks.labels("too_long").inc()
                 return request if estimate > budget.limit else self._with(request, current)
-            new_cut = find_cut(new, snap.keys) or 0
-            compacted = self._view(new, snap, new_cut)
-            after = self._estimate(compacted, snap, new)
+            new, compacted, after = self._settle(new, snap, budget)
             if after > budget.limit:  # even head + newest turn: let the engine say so
                 self.metrics.compaction_fallbacks.labels("too_long").inc()
                 return request
+            if after >= estimate:  # nothing gained: keep the prefix the engine has cached
+                return self._with(request, current)
             self._commit(session, new, kind, fallback or (reason if kind == "fallback" else ""))
             self._observe_event(kind, estimate, after)
             exchange.compaction = kind
@@ -215,8 +215,9 @@ class Compactor:
         if kind in ("", "fallback") or fallback:
             return  # the request itself decides, with its summary_wait
         before = self._estimate(self._view(state, snap, cut), snap, state)
-        compacted = self._view(new, snap, find_cut(new, keys) or 0)
-        after = self._estimate(compacted, snap, new)
+        new, compacted, after = self._settle(new, snap, budget)
+        if after >= before:
+            return
         new.unreported = kind
         self._commit(turn.session, new, kind, "")
         self._observe_event(kind, before, after)
@@ -250,7 +251,8 @@ class Compactor:
             key = snap.keys[index]
             if key not in new.elided:
                 name = plan.tool_name(snap.messages, index)
-                new.elided[key] = plan.elided(snap.messages[index], name, snap.sizes[index])
+                stand_in = plan.elided(snap.messages[index], name, snap.sizes[index])
+                new.elided[key] = (stand_in, self.sizer.message(stand_in))
         elided_some = len(new.elided) > len(state.elided)
         if elided_some and self._fits(new, snap, cut, budget.soft):
             return new, "elide", ""
@@ -268,21 +270,51 @@ class Compactor:
             fallback = "still_over"
         # Drop the oldest turns (after any summary) until the prompt is under the soft mark.
         floor = max(cut, snap.head)
-        stand_in_tokens = self.sizer.message(new.stand_in) if new.stand_in else 0
-        fixed = sum(snap.sizes[: snap.head]) + stand_in_tokens + 96 + snap.tools_tokens
         target = int(budget.soft / new.ratio)
-        drop_to = plan.cut_to_fit(snap.sizes, snap.messages, floor, fixed, target)
-        if drop_to <= floor:  # nothing left to drop: the newest turn is all there is
-            return new, kind, fallback
-        dropped = snap.messages[floor:drop_to]
-        new.facts = key_facts(dropped, previous=new.facts)
-        text = plan.marker(drop_to - floor)["content"]
-        new.summary = f"{new.summary}\n\n{text}" if new.summary else None
-        new.stand_in = summary_message(new.summary or text, new.facts)
+        summary, facts = new.summary, new.facts
+        stand_in_tokens = (self.sizer.message(new.stand_in) if new.stand_in else 0) + 96
+        drop_to = floor
+        for _ in range(3):  # the stand-in grows with what it replaces: settle its size
+            fixed = sum(snap.sizes[: snap.head]) + stand_in_tokens + snap.tools_tokens
+            drop_to = plan.cut_to_fit(snap.sizes, snap.messages, floor, fixed, target)
+            if drop_to <= floor:  # nothing left to drop: the newest turn is all there is
+                return new, kind, fallback
+            new.facts = key_facts(snap.messages[floor:drop_to], previous=facts)
+            text = plan.marker(drop_to - floor)["content"]
+            new.summary = f"{summary}\n\n{text}" if summary else None
+            if new.summary:
+                new.stand_in = summary_message(new.summary, new.facts)
+            else:
+                new.stand_in = summary_message(text, new.facts, header=False)
+            actual = self.sizer.message(new.stand_in)
+            if actual <= stand_in_tokens:
+                break
+            stand_in_tokens = actual
         new.cut_key, new.cut_hint = snap.keys[drop_to - 1], drop_to - 1
         kept = set(snap.keys[drop_to:])
         new.elided = {key: value for key, value in new.elided.items() if key in kept}
         return new, "fallback", fallback
+
+    def _settle(
+        self, new: Compaction, snap: Snapshot, budget: Budget
+    ) -> tuple[Compaction, View, int]:
+        """The event's final state, its view and that view's estimate. When the newest turn
+        leaves no room under the high watermark for the summary and its facts, the shortest
+        stand-in goes instead (the running summary's text stays for the next event)."""
+        cut = find_cut(new, snap.keys) or 0
+        compacted = self._view(new, snap, cut)
+        after = self._estimate(compacted, snap, new)
+        # Shorter and shorter stand-ins: the marker alone, then nothing at all (the head and
+        # the newest turn only, when just that fits the engine).
+        for stand_in, room in ((plan.marker(), budget.high), (None, budget.limit)):
+            if after <= room or new.stand_in is None:
+                break
+            bare = new.copy()
+            bare.stand_in = stand_in
+            shortest = self._view(bare, snap, cut)
+            if (estimate := self._estimate(shortest, snap, bare)) < after:
+                new, compacted, after = bare, shortest, estimate
+        return new, compacted, after
 
     def _fits(self, state: Compaction, snap: Snapshot, cut: int, limit: int) -> bool:
         return self._estimate(self._view(state, snap, cut), snap, state) <= limit

@@ -17,8 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 HEAD_ROLES = frozenset({"system", "developer"})
-# Token estimate of an elided tool result's stand-in (the fixed text plus its preview).
-ELIDED_TOKENS = 80
 
 
 def head_length(messages: Sequence[Any]) -> int:
@@ -140,14 +138,13 @@ def elided(message: dict[str, Any], name: str, tokens: int, preview_chars: int =
     return {**message, "content": content}
 
 
-def marker(dropped: int) -> dict[str, Any]:
-    """Stand-in for turns dropped without a summary (the fallback)."""
+def marker(dropped: int | None = None) -> dict[str, Any]:
+    """Stand-in for turns dropped without a summary (the fallback); without a count, the
+    shortest stand-in there is."""
+    what = f"{dropped} earlier messages" if dropped else "Earlier messages"
     return {
         "role": "user",
-        "content": (
-            f"[{dropped} earlier messages of this conversation were removed to fit the "
-            "context window; no summary of them is available.]"
-        ),
+        "content": f"[{what} of this conversation were removed to fit the context window.]",
     }
 
 

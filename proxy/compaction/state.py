@@ -24,7 +24,8 @@ class Compaction:
     stand_in: dict[str, Any] | None = None  # the summary (or marker) message
     summary: str | None = None  # the running summary's text, extended at the next event
     facts: list[str] = dataclasses.field(default_factory=list)
-    elided: dict[bytes, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # key of an elided tool result -> (its stand-in, the stand-in's token estimate)
+    elided: dict[bytes, tuple[dict[str, Any], int]] = dataclasses.field(default_factory=dict)
     events: int = 0
     # Set by an event decided after a reply (and warmed); reported by the request that
     # first uses it.
@@ -73,13 +74,13 @@ def view(
 ) -> View:
     """The request's messages with the stand-in and the elisions of ``state`` applied."""
     cut = max(cut, head)
-    out = plan.compacted(messages, head, state.stand_in if cut > head else None, cut)
-    out_sizes = [*sizes[:head], *([stand_in_size] if cut > head else []), *sizes[cut:]]
+    stand_in = state.stand_in if cut > head else None
+    out = plan.compacted(messages, head, stand_in, cut)
+    out_sizes = [*sizes[:head], *([stand_in_size] if stand_in is not None else []), *sizes[cut:]]
     if state.elided:
         offset = len(out) - (len(messages) - cut)
         for index in range(cut, len(messages) - 1):  # the newest message is never elided
             replacement = state.elided.get(keys[index])
             if replacement is not None:
-                out[offset + index - cut] = replacement
-                out_sizes[offset + index - cut] = plan.ELIDED_TOKENS
+                out[offset + index - cut], out_sizes[offset + index - cut] = replacement
     return View(out, cut if cut > head else 0, out_sizes)

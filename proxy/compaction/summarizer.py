@@ -120,10 +120,11 @@ def summary_text(reply: bytes) -> str:
     return content.strip()
 
 
-def summary_message(text: str, facts: Sequence[str]) -> dict[str, Any]:
+def summary_message(text: str, facts: Sequence[str], *, header: bool = True) -> dict[str, Any]:
     """The message that stands in for the folded turns, right after the pinned head. A
-    user message: every chat template accepts one there, unlike a second system message."""
-    body = f"{SUMMARY_HEADER}\n{text}"
+    user message: every chat template accepts one there, unlike a second system message.
+    ``header``: say it is a summary (not for the fallback's marker)."""
+    body = f"{SUMMARY_HEADER}\n{text}" if header else text
     if facts:
         body += f"\n\n{FACTS_HEADER} {', '.join(facts)}"
     return {"role": "user", "content": body}

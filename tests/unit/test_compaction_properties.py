@@ -1,0 +1,155 @@
+"""Compaction's invariants over generated sessions (DESIGN.md invariants 1, 2 and 5).
+
+A session is replayed request by request through the Compactor, with a context limit
+small enough that it compacts often. Summaries come from a summarizer endpoint on
+httpx.MockTransport (a summary's content is not what is tested here; tests/e2e run the
+real simulator and vLLM), and hypothesis decides for each step whether the summary in
+flight finishes before the next request, so the summary, late-summary and fallback paths
+all run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from proxy import config, tokens
+from proxy.compaction import Compactor, plan
+from proxy.compaction.budget import Sizer
+from proxy.exchange import Exchange
+from proxy.metrics import Metrics
+from proxy.rewrite.volatile import VolatileDetector
+from proxy.sessions import MemoryStore
+from proxy.tracker import SessionTracker
+from proxy.upstream import Upstream
+from tests.support.conversations import is_valid_conversation
+
+LIMIT = 1200
+tokens.provision()
+SIZER = Sizer(tokens.counter())
+SHORTEST_STAND_IN = SIZER.message(plan.marker())
+words = st.lists(st.sampled_from(["alpha", "beta", "ZFA04Y", "$12.50", "order", "2024-05-21"]))
+texts = words.map(" ".join)
+long_texts = st.integers(0, 120).map(lambda n: " ".join(f"item{k} price {k}.99" for k in range(n)))
+
+
+@st.composite
+def sessions(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """System prompt, task, then turns of tool loops, all valid, ending in user/tool
+    messages at each request point."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a booking agent. " * draw(st.integers(1, 20))},
+        {"role": "user", "content": draw(texts) or "help"},
+    ]
+    for turn in range(draw(st.integers(3, 14))):
+        for step in range(draw(st.integers(0, 3))):
+            ids = [f"c{turn}_{step}_{k}" for k in range(draw(st.integers(1, 2)))]
+            calls = [
+                {"id": i, "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+                for i in ids
+            ]
+            messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+            messages += [
+                {"role": "tool", "tool_call_id": i, "content": draw(long_texts)} for i in ids
+            ]
+        messages.append({"role": "assistant", "content": draw(texts) or "done"})
+        messages.append({"role": "user", "content": draw(texts) or "next"})
+    return messages
+
+
+def summarizer_transport() -> httpx.MockTransport:
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/chat/completions"
+        body = {"choices": [{"message": {"role": "assistant", "content": "They booked."}}]}
+        return httpx.Response(200, content=json.dumps(body).encode())
+
+    return httpx.MockTransport(answer)
+
+
+def request_points(messages: list[dict[str, Any]]) -> list[int]:
+    """Lengths at which the agent calls the model: after a user message or the last
+    result of a tool call."""
+    points = []
+    for index, message in enumerate(messages):
+        nxt = messages[index + 1] if index + 1 < len(messages) else None
+        if message["role"] in ("user", "tool") and (nxt is None or nxt["role"] == "assistant"):
+            points.append(index + 1)
+    return points
+
+
+async def replay(messages: list[dict[str, Any]], finish: list[bool]) -> list[list[Any]]:
+    """The messages forwarded at each step, checked on the way."""
+    forwarded: list[list[Any]] = []
+    overrides = {"upstream": "http://engine", "context_limit": LIMIT, "summary_wait": 0}
+    settings_ = config.load({**overrides, "elide_min_tokens": 120}, environ={})
+    metrics = Metrics(CollectorRegistry())
+    upstream = Upstream(settings_, summarizer_transport())
+    detector = VolatileDetector(())
+    tracker = SessionTracker(MemoryStore(10, 60), detector, metrics)
+    compactor = Compactor(settings_, upstream, metrics, mask=detector.mask)
+    compactor._sizer = SIZER
+    tracker.listeners = [compactor]
+    high = int(LIMIT * settings_.compaction_high)
+    previous: list[Any] | None = None
+    seen_too_long = 0.0
+    for step, length in enumerate(request_points(messages)):
+        client = messages[:length]
+        request = {"model": "m", "messages": client}
+        turn = tracker.open({}, request)
+        assert turn is not None
+        exchange = Exchange("/v1/chat/completions", "POST")
+        out = (await compactor.apply(request, turn, exchange))["messages"]
+        head = plan.head_length(client)
+        newest = plan.newest_turn(client, head)
+
+        assert is_valid_conversation(out)
+        assert out[:head] == client[:head]  # the pinned head, verbatim
+        assert out[len(out) - (length - newest) :] == client[newest:]  # the newest turn too
+        assert len(out) <= len(client)
+        too_long = metrics.registry.get_sample_value(
+            "prefill_proxy_compaction_fallbacks_total", {"reason": "too_long"}
+        )
+        if too_long is not None and too_long > seen_too_long:
+            # Head + newest turn over the limit: forwarded as sent, for the engine to refuse.
+            seen_too_long = too_long
+            assert out == client
+        elif not exchange.compaction and previous is not None:
+            assert out[: len(previous)] == previous  # between events: grows at its end only
+        forwarded.append(out)
+        sizes = [compactor.sizer.message(m) for m in out]
+        # Bounded: under the high watermark unless head + stand-in + newest turn is not.
+        kept = len(out) - (length - newest)
+        floor = sum(sizes[:head]) + SHORTEST_STAND_IN + sum(sizes[kept:])
+        assert sum(sizes) <= high or floor > high
+        previous = None if out is client else out
+        # The turn is over: record it as the proxy would, then let the summary finish or not.
+        tracker.forward(turn, {**request, "messages": out}, exchange, rewritten_messages=client)
+        reply = (
+            messages[length] if length < len(messages) else {"role": "assistant", "content": "ok"}
+        )
+        exchange.status, exchange.reply = 200, reply
+        tracker.close(turn, exchange)
+        pending = list(compactor._pending.values())
+        if pending and finish[step % len(finish)]:
+            await asyncio.gather(*(p.task for p in pending), return_exceptions=True)
+    compactor.close()
+    await upstream.aclose()
+    return forwarded
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(sessions(), st.lists(st.booleans(), min_size=1, max_size=8))
+def test_compaction_invariants(messages: list[dict[str, Any]], finish: list[bool]) -> None:
+    first = asyncio.run(replay(messages, finish))
+    # The same session, the same summaries at the same moments: the same requests.
+    assert asyncio.run(replay(messages, finish)) == first
