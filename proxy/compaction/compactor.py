@@ -34,7 +34,13 @@ from proxy import tokens
 from proxy.compaction import plan
 from proxy.compaction.budget import Budget, ContextLimits, Sizer
 from proxy.compaction.state import Compaction, View, find_cut, view
-from proxy.compaction.summarizer import key_facts, summarize, summary_message, summary_request
+from proxy.compaction.summarizer import (
+    in_context_request,
+    key_facts,
+    summarize,
+    summary_message,
+    summary_request,
+)
 from proxy.config import Settings
 from proxy.exchange import Exchange, token_counts
 from proxy.metrics import Metrics
@@ -96,6 +102,9 @@ class Compactor:
         self.settings = settings
         self.limits = ContextLimits(settings, upstream)
         self.summarizer = summarizer or upstream
+        # The upstream summarizes the conversation as it has it cached; another engine gets
+        # a transcript (proxy.compaction.summarizer).
+        self.in_context = summarizer is None
         self.metrics = metrics
         self.mask = mask
         self.warmer = warmer
@@ -239,7 +248,9 @@ class Compactor:
         new.events += 1
         new.unreported = ""
         floor = max(cut, snap.head)
-        window = plan.window_start(snap.sizes, snap.messages, floor, budget.window)
+        window = plan.window_start(
+            snap.sizes, snap.messages, floor, self._window(budget, snap, state)
+        )
         for index in plan.elision_candidates(
             snap.messages,
             snap.sizes,
@@ -316,6 +327,14 @@ class Compactor:
                 new, compacted, after = bare, shortest, estimate
         return new, compacted, after
 
+    def _window(self, budget: Budget, snap: Snapshot, state: Compaction) -> int:
+        """Tokens (estimate) of the verbatim window: ``compaction_window`` of the limit, or
+        less when a long pinned head would leave a compacted prompt above the soft
+        watermark, with no room to grow before the next event."""
+        fixed = sum(snap.sizes[: snap.head]) + snap.tools_tokens + self.settings.summary_max_tokens
+        room = int(budget.soft / state.ratio) - fixed
+        return max(min(int(budget.window / state.ratio), room), 0)
+
     def _fits(self, state: Compaction, snap: Snapshot, cut: int, limit: int) -> bool:
         return self._estimate(self._view(state, snap, cut), snap, state) <= limit
 
@@ -386,12 +405,18 @@ class Compactor:
         if failed_at is not None and time.monotonic() - failed_at < RETRY_S:
             return None
         floor = max(cut, snap.head)
-        end = plan.window_start(snap.sizes, snap.messages, floor, budget.window)
+        end = plan.window_start(snap.sizes, snap.messages, floor, self._window(budget, snap, state))
         if end <= floor:
             return None
         folded = snap.messages[floor:end]
         model = self.settings.summarizer_model or str(request.get("model") or "")
-        ask = summary_request(model, state.summary, folded, self.settings.summary_max_tokens)
+        cap = self.settings.summary_max_tokens
+        if self.in_context:
+            current = self._view(state, snap, cut)
+            prefix = current.messages[: len(current.messages) - (len(snap.messages) - end)]
+            ask = in_context_request({**request, "model": model}, prefix, cap)
+        else:
+            ask = summary_request(model, state.summary, folded, cap)
         task = asyncio.create_task(self._summarize(key, ask, turn.credentials))
         task.add_done_callback(_retrieve)
         if len(self._pending) >= self.settings.session_max:  # sessions the store dropped

@@ -1,14 +1,16 @@
 """The running summary: the request that asks a model for it, and the message it becomes.
 
-The summary is written by the upstream model itself (or a configured summarizer engine)
-from a plain-text transcript of the turns being folded, extending the previous summary
-when there is one. Models, small ones above all, drop identifiers: so the proxy also
+The summary is written by the upstream model itself, asked at the end of the conversation
+as the engine has it cached (``in_context_request``: the engine reads only the question),
+or by a configured summarizer engine from a plain-text transcript of the turns being
+folded (``summary_request``: another engine has none of it cached). Either way it extends
+the previous summary. Models, small ones above all, drop identifiers: so the proxy also
 lists, deterministically, the ids, amounts and dates that appear in the folded turns
 (``key_facts``) and appends them to the summary. Later steps can still quote a
 reservation id the model left out of its prose.
 
-The prompt (``INSTRUCTIONS``) is part of the product: it is documented in the README and
-changing it changes every summary.
+The prompts (``IN_CONTEXT_INSTRUCTIONS``, ``INSTRUCTIONS``) are part of the product: they
+are documented in the README, and changing them changes every summary.
 """
 
 from __future__ import annotations
@@ -87,6 +89,38 @@ def summary_request(
         "temperature": 0,
         "stream": False,
     }
+
+
+# Asked at the end of the conversation itself (in_context_request).
+IN_CONTEXT_INSTRUCTIONS = (
+    "[Context compaction] Stop the task for a moment: the older part of this conversation "
+    "will be removed to fit the context window. Write a summary of the conversation so far "
+    "(including any earlier summary above) that lets you carry on the task without it: "
+    "what the user asked for; what you found out from tool results (keep every id, name, "
+    "number, amount and date exactly as written); what was decided or done, and what the "
+    "user confirmed or refused; what is still open. Plain sentences, past tense. Do not "
+    "call tools, do not answer the user, write only the summary."
+)
+# Request fields that shape the rendered prompt: kept so the prompt's prefix is the one
+# the engine has cached.
+_PROMPT_FIELDS = ("model", "tools", "chat_template_kwargs", "cache_salt", "documents")
+
+
+def in_context_request(
+    request: dict[str, Any], messages: Sequence[Any], max_tokens: int
+) -> dict[str, Any]:
+    """The summary request as the conversation itself plus one question at its end.
+
+    ``messages`` are the forwarded messages up to the end of the part to fold: the engine
+    has them cached (they are the prefix of the session's last prompt), so the summary
+    costs the engine the question and the answer, not a re-read of the history. Tools
+    stay in the request, so the rendered prefix stays the same, with tool_choice none."""
+    ask = {field: request[field] for field in _PROMPT_FIELDS if field in request}
+    ask["messages"] = [*messages, {"role": "user", "content": IN_CONTEXT_INSTRUCTIONS}]
+    if ask.get("tools"):
+        ask["tool_choice"] = "none"
+    ask.update(max_tokens=max_tokens, temperature=0, stream=False)
+    return ask
 
 
 def key_facts(messages: Sequence[Any], previous: Iterable[str] = ()) -> list[str]:

@@ -74,3 +74,23 @@ def test_the_summary_message_is_a_user_message_with_its_facts() -> None:
     assert message["role"] == "user"
     assert message["content"].startswith(summarizer.SUMMARY_HEADER)
     assert message["content"].endswith(f"{summarizer.FACTS_HEADER} ZFA04Y, $10")
+
+
+def test_the_in_context_request_is_the_conversation_plus_one_question() -> None:
+    tools = [{"type": "function", "function": {"name": "get_reservation_details"}}]
+    request = {
+        "model": "m",
+        "messages": TURNS,
+        "tools": tools,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "stream": True,
+        "temperature": 0.7,
+    }
+    ask = summarizer.in_context_request(request, TURNS, 300)
+    # The same rendered prefix (messages, tools, template arguments), one question more.
+    assert ask["messages"][:-1] == TURNS and ask["tools"] == tools
+    assert ask["chat_template_kwargs"] == {"enable_thinking": False}
+    assert ask["messages"][-1] == {"role": "user", "content": summarizer.IN_CONTEXT_INSTRUCTIONS}
+    assert ask["tool_choice"] == "none"
+    assert (ask["max_tokens"], ask["temperature"], ask["stream"]) == (300, 0, False)
+    assert "tool_choice" not in summarizer.in_context_request({"model": "m"}, TURNS, 300)
