@@ -32,12 +32,14 @@ within what is left of their hold. Followers register nothing, so a follower who
 is cancelled leaves no trace; leaders are forgotten when their exchange ends, and both
 tables are bounded in size and age, so an exchange that never ends cannot grow them.
 
-Where it pays. An engine that computes a shared prefix once per request in the same
-batch: vLLM V0, and engines that reuse KV only once a request finished its prefill. vLLM
-V1 caches a block when the step that computes it is scheduled (``allocate_slots`` in
-``vllm/v1/core/kv_cache_manager.py``), so requests admitted in the same or a later step
-already share it (the simulator does the same): there, a hold saves no prefill and only
-delays the followers by about one engine step. tests/benchmarks/fanout.py measures both.
+Where it pays. Only where the engine computes a shared prefix once per request scheduled
+in the same step: vLLM V0 and engines that reuse KV only once a request's prefill is done,
+when the fan-out lands in one step (it queued behind other work): each request of it
+then computes the prefix, up to the step's token budget. vLLM V1 caches a block when the
+step that computes it is scheduled (``allocate_slots`` in ``vllm/v1/core/
+kv_cache_manager.py``), so requests admitted in the same or a later step share it (the
+simulator does the same): there a hold saves no prefill and delays the followers by about
+one engine step and a proxy hop. tests/benchmarks/fanout.py measures both.
 """
 
 from __future__ import annotations

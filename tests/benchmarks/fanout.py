@@ -5,7 +5,8 @@ cache semantics), the simulator with an engine that shares a block only once com
 
 For each engine and arrival (``idle``: the engine has nothing else to do; ``busy``: a long
 request is running on it when the fan-out arrives, so the fan-out queues and is scheduled
-together), runs with holds on and off alternate, each with a new prefix. Reported per
+together), runs with holds on and off alternate, each with a new prefix on an engine whose
+prefix cache was just reset (``POST /reset_prefix_cache``). Reported per
 setting, medians over the runs: the engine's prefill tokens (sum over the N requests of
 prompt - cached tokens, as usage reports them), the same from the engine's own
 ``vllm:prompt_tokens_by_source_total{source="local_compute"}`` (the blocking request's
@@ -64,6 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="runs per setting")
     parser.add_argument("--hold", type=float, default=10.0, help="fanout_hold when on")
     parser.add_argument("--sim-speed", type=float, default=1.0)
+    parser.add_argument(
+        "--sim-batched-tokens", type=int, default=8192, help="the simulators' step budget"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="offsets every prompt's seed")
     parser.add_argument("--traces", type=Path, help="replay these instead (round trips)")
     parser.add_argument("--concurrency", type=int, default=4, help="with --traces")
     parser.add_argument("--json", type=Path, help="write the runs here")
@@ -74,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def engine(name: str, args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     """(base URL, model name) of a running engine of that kind."""
     if name in ("sim", "late-sim"):
-        sim_config = SimConfig(speed=args.sim_speed)
+        sim_config = SimConfig(speed=args.sim_speed, max_num_batched_tokens=args.sim_batched_tokens)
         build = late_cache_sim_app if name == "late-sim" else create_sim_app
         with serve(build(sim_config, registry=CollectorRegistry())) as url:
             yield url, sim_config.model_name
@@ -96,6 +101,15 @@ def proxy(upstream: str, hold: float) -> Iterator[tuple[str, CollectorRegistry]]
         yield url, registry
 
 
+async def reset_cache(url: str) -> None:
+    """Start each run cold: POST /reset_prefix_cache (the simulator; vLLM with
+    VLLM_SERVER_DEV_MODE=1, as tests/vllm/serve.sh runs it)."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        response = await client.post("/reset_prefix_cache")
+    if response.status_code != 200:
+        raise RuntimeError(f"{url}/reset_prefix_cache answered {response.status_code}")
+
+
 async def engine_computed(url: str) -> float | None:
     """Prompt tokens the engine computed so far (its own counter), if it exports one."""
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -112,6 +126,7 @@ async def one_run(
     engine_url: str, proxy_url: str, model: str, args: argparse.Namespace, seed: int, busy: bool
 ) -> dict[str, Any]:
     bodies = fan_out_bodies(args.n, args.prefix_words, seed, model)
+    await reset_cache(engine_url)
     before = await engine_computed(engine_url)
     blocker: list[Result] = []
     if busy:
@@ -156,7 +171,7 @@ async def measure_engine(name: str, args: argparse.Namespace) -> list[dict[str, 
         proxy(engine_url, args.hold) as (on_url, on_registry),
         proxy(engine_url, 0) as (off_url, _),
     ):
-        seed = 1000 * (ENGINES.index(name) + 1)
+        seed = args.seed + 1000 * (ENGINES.index(name) + 1)
         for arrival in args.arrivals.split(","):
             runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
             held_before = holds(on_registry)
