@@ -115,7 +115,9 @@ def parse_chat(payload: Any, served: str, max_model_len: int) -> ChatRequest:
     )
 
 
-def output_limit(request: ChatRequest, prompt_tokens: int, max_model_len: int) -> int:
+def output_limit(
+    request: ChatRequest | CompletionRequest, prompt_tokens: int, max_model_len: int
+) -> int:
     """vLLM's effective max_tokens: what is asked, within what the context leaves."""
     if prompt_tokens > max_model_len:
         count = max_model_len + 1  # vLLM truncates to max+1 tokens before checking
@@ -134,3 +136,42 @@ def output_limit(request: ChatRequest, prompt_tokens: int, max_model_len: int) -
             "max_tokens",
         )
     return limit
+
+
+# vLLM's CompletionRequest default (protocol.py): a completion without max_tokens gets 16.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionRequest:
+    """A /v1/completions request: one prompt, as text or as token ids (no streaming)."""
+
+    prompt: str | list[int]
+    max_tokens: int
+    cache_salt: str
+    add_special_tokens: bool
+
+
+def parse_completion(payload: Any, served: str, max_model_len: int) -> CompletionRequest:
+    """What the completions route needs; refuses what the simulator does not model (batched
+    prompts, streaming) with a 400 that says so."""
+    if not isinstance(payload, dict):
+        raise invalid_field("", "the request body must be a JSON object")
+    check_model(payload, served)
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise bad_request("the simulator takes one prompt: a string or a list of token ids")
+    elif not isinstance(prompt, str) or not prompt:
+        raise invalid_field("prompt", "prompt: Field required")
+    if payload.get("stream"):
+        raise bad_request("the simulator does not stream /v1/completions")
+    max_tokens = _max_tokens(payload, max_model_len)
+    return CompletionRequest(
+        prompt=prompt,
+        max_tokens=COMPLETION_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        cache_salt=_cache_salt(payload),
+        add_special_tokens=bool(payload.get("add_special_tokens", True)),
+    )

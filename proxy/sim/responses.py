@@ -191,3 +191,38 @@ def models_body(*, model: str, root: str, created: int, max_model_len: int) -> b
         "permission": [permission],
     }
     return jsonio.dumps({"object": "list", "data": [card]})
+
+
+def text_completion_body(
+    *,
+    request_id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage: Usage,
+) -> bytes:
+    """A non-streamed /v1/completions answer (vLLM's ``text_completion`` object)."""
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+        "token_ids": None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+    }
+    return jsonio.dumps(
+        {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage.final(stream=False),
+            "kv_transfer_params": None,
+        }
+    )

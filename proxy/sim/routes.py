@@ -18,7 +18,14 @@ from proxy.sim.config import SimConfig
 from proxy.sim.conversation import InvalidConversation
 from proxy.sim.engine import Engine, Handle
 from proxy.sim.prompt import Prompt, PromptBuilder
-from proxy.sim.request import ChatRequest, RequestError, check_model, output_limit, parse_chat
+from proxy.sim.request import (
+    ChatRequest,
+    RequestError,
+    check_model,
+    output_limit,
+    parse_chat,
+    parse_completion,
+)
 from proxy.sim.template import TemplateError
 
 JSON = "application/json"
@@ -157,6 +164,42 @@ class SimRoutes:
             yield responses.DONE
         finally:
             self.engine.abort(handle)  # the client left mid-stream: free its blocks now
+
+    async def completions(self, request: Request) -> Response:
+        """/v1/completions, non-streamed: a text or token-id prompt, a synthetic answer.
+        Proxies warm the prefix cache this way (proxy.warmup)."""
+        try:
+            payload = await self._json(request)
+            completion = parse_completion(
+                payload, self.config.model_name, self.config.max_model_len
+            )
+            prompt = completion.prompt
+            if isinstance(prompt, str):
+                encode = self.tokenizer.encode_prompt
+                prompt = (encode if completion.add_special_tokens else self.tokenizer.encode)(
+                    prompt
+                )
+            limit = output_limit(completion, len(prompt), self.config.max_model_len)
+        except RequestError as exc:
+            return error(exc)
+        outputs = replies.synthetic_tokens(prompt, self.tokenizer, limit)
+        finish = "length" if len(outputs) >= completion.max_tokens else "stop"
+        request_id = f"cmpl-{secrets.token_hex(8)}"
+        handle = self.engine.submit(request_id, prompt, outputs, finish, completion.cache_salt)
+        try:
+            async for _ in handle.tokens():
+                pass
+        finally:
+            self.engine.abort(handle)  # no-op when finished; frees blocks if we were cancelled
+        body = responses.text_completion_body(
+            request_id=request_id,
+            created=int(time.time()),
+            model=self.config.model_name,
+            text=self.tokenizer.decode(outputs),
+            finish_reason=finish,
+            usage=_usage(handle),
+        )
+        return Response(body, media_type=JSON)
 
     async def tokenize(self, request: Request) -> Response:
         try:
