@@ -152,9 +152,10 @@ class Settings:
         "calls of a step at once.",
     )
     fanout_hold: float = _setting(
-        2.0,
+        0.0,
         "Seconds a request may wait for a concurrent one with the same long, uncached prefix "
-        "to reach its first token (then the prefix is cached); 0: never hold.",
+        "to reach its first token; 0: never hold. Only for engines that share a prefix once "
+        "computed: vLLM V1 already shares one being computed, so holds there only add delay.",
     )
     fanout_min_tokens: int = _setting(
         1024, "Shortest shared prefix (estimated tokens) worth holding requests for."

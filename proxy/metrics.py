@@ -318,7 +318,8 @@ class Metrics:
         self.fanout_holds = Counter(
             "prefill_proxy_fanout_holds",
             "Requests held for a concurrent one with the same uncached prefix, by how the "
-            "hold ended: released (its first token came), timeout.",
+            "hold ended: released (the leader's first token came, or the leader failed and "
+            "this one took over), timeout.",
             ("outcome",),
             registry=registry,
         )

@@ -37,8 +37,10 @@ KNOWN_ROUTES = frozenset(
     }
 )
 REWRITE_HEADER = "x-prefill-proxy-rewrite"
-# vLLM's answer to a prompt longer than its context: max_tokens is what is left of it.
-VLLM_OVERFLOW = b"max_tokens must be at least 1, got -"
+# How vLLM refuses a prompt longer than its context: when max_tokens is left unset it is
+# what remains of the context, so the overflow shows as a negative max_tokens; otherwise
+# it names the context length.
+OVERFLOW_MARKERS = (b"max_tokens must be at least 1, got -", b"maximum context length is")
 JSON = "application/json"
 log = logging.getLogger("prefill_proxy.routes")
 # Prompt and completion text: only with the log_bodies setting (debugging).
@@ -261,7 +263,7 @@ class Handlers:
             await upstream.aclose()
         if exchange.status == 200:
             exchange.usage, exchange.reply = read_reply(body)
-        elif exchange.status == 400 and VLLM_OVERFLOW in body:
+        elif exchange.status == 400 and any(marker in body for marker in OVERFLOW_MARKERS):
             exchange.context_overflow = True
         if self.settings.log_bodies:
             body_log.info("response %s", body.decode(errors="replace"))

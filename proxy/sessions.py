@@ -50,8 +50,6 @@ class Session:
     last_reply_tool_calls: int = 0
     # Whether the proxy warmed the engine's cache for the next step (proxy.warmup).
     warmed: bool = False
-    # Model calls since the conversation's last user message (proxy.batching).
-    steps_in_turn: int = 0
     # What compaction keeps for this session (proxy.compaction.state.Compaction).
     compaction: Any = None
     touched: float = 0.0

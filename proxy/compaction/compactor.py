@@ -49,6 +49,9 @@ from proxy.upstream import RawHeaders, Upstream
 
 log = logging.getLogger("prefill_proxy.compaction")
 
+# Prompts shorter than this (about 4 characters a token) are never compacted, whatever
+# the model: every model served has a longer context.
+NEVER_COMPACTED = 1024
 # A failed summary is not asked for again for this long (per session).
 RETRY_S = 30.0
 # Estimate-to-engine ratios outside this range are ignored (a reply from another model).
@@ -131,7 +134,10 @@ class Compactor:
         messages = request.get("messages")
         if not isinstance(messages, list) or len(messages) != len(turn.keys):
             return request
-        limit = await self.limits.get(str(request.get("model") or ""))
+        model = str(request.get("model") or "")
+        if self.limits.known(model) is None and _rough_tokens(messages) < NEVER_COMPACTED:
+            return request  # too short to matter: no need to ask the engine its limit yet
+        limit = await self.limits.get(model)
         if limit is None:
             return request
         budget = Budget.of(limit, self.settings)
@@ -500,3 +506,7 @@ def _retrieve(task: asyncio.Task[str]) -> None:
     """Mark a failed summary's error as seen (it was logged and counted when it failed)."""
     if not task.cancelled():
         task.exception()
+
+
+def _rough_tokens(messages: list[Any]) -> int:
+    return sum(len(str(m.get("content") or "")) for m in messages if isinstance(m, dict)) // 4
