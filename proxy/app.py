@@ -62,7 +62,7 @@ def create_app(
     if settings.sessions:
         store = MemoryStore(settings.session_max, settings.session_ttl)
         tracker = SessionTracker(store, detector, metrics)
-        warmer = Warmer() if settings.warmup else None
+        warmer = Warmer(settings, upstream, metrics)
         if settings.compaction:
             compactor = Compactor()
         tracker.listeners = [

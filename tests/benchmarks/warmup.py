@@ -1,0 +1,205 @@
+"""Speculative prefill on the dev traces: TTFT of the steps that follow tool calls, with
+the proxy's warm-up on and off, on a simulator small enough that sessions evict each other.
+
+Each mode gets a fresh simulator and a fresh proxy (child processes, as deployed); the
+conversations are replayed through the proxy with a tool latency before every step that
+answers tool results. The table compares those steps' TTFT (client side), the engine's
+computed prompt tokens (its own counter, warm-ups included) and what the warm-ups cost.
+
+    .venv/bin/python -m tests.benchmarks.warmup                     # defaults below
+    .venv/bin/python -m tests.benchmarks.warmup --capacity-tokens 60000 --concurrency 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from proxy.background import free_port, spawn
+from proxy.replay import traces
+from proxy.replay.records import StepRecord
+from proxy.replay.report import percentile
+from proxy.replay.runner import Options, Replayer, discover_model, make_client
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = ROOT.parent / "shared" / "traces" / "dev.jsonl"
+COLD_TOKENS = 1024  # computed tokens beyond what a step's tool results usually take
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--traces", type=Path, default=TRACES, help=f"JSONL traces (default {TRACES})")
+    add("--limit", type=int, help="first N conversations (default: all)")
+    add("--speed", type=float, default=1.0, help="simulator speed-up (default 1)")
+    add("--capacity-tokens", type=int, default=48_000, help="sim KV cache (default 48000)")
+    add("--concurrency", type=int, default=16, help="conversations in flight (default 16)")
+    add("--tool-latency", type=float, default=2.0, help="seconds per tool round (default 2)")
+    add("--modes", default="off,on", help="warm-up modes to run, in order (default off,on)")
+    return parser.parse_args(argv)
+
+
+@contextlib.contextmanager
+def engine_and_proxy(args: argparse.Namespace, warmup: bool) -> Iterator[tuple[str, str]]:
+    with contextlib.ExitStack() as stack:
+        port = free_port()
+        engine = f"http://127.0.0.1:{port}"
+        sim = ["proxy", "sim", "--port", str(port), "--speed", str(args.speed)]
+        sim += ["--capacity-tokens", str(args.capacity_tokens), "--log-level", "warning"]
+        stack.enter_context(spawn(sim, engine + "/health"))
+        port = free_port()
+        proxy = f"http://127.0.0.1:{port}"
+        serve = ["proxy", "serve", "--upstream", engine, "--port", str(port)]
+        serve += ["--warmup", str(warmup).lower(), "--log-level", "warning"]
+        stack.enter_context(spawn(serve, proxy + "/ready"))
+        yield engine, proxy
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def metric(text: str, name: str, label: str = "") -> float:
+    """Sum of the samples of ``name`` whose labels contain ``label``."""
+    pattern = re.compile(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", re.MULTILINE)
+    return sum(float(m.group(2)) for m in pattern.finditer(text) if label in (m.group(1) or ""))
+
+
+async def replay(
+    args: argparse.Namespace, proxy: str, conversations: list[traces.Conversation]
+) -> tuple[list[StepRecord], float]:
+    async with make_client(args.concurrency, 600.0) as client:
+        model = await discover_model(client, proxy)
+        options = Options(model=model, concurrency=args.concurrency, tool_latency=args.tool_latency)
+        run = await Replayer(client, proxy, options).run(conversations)
+    return run.steps, run.wall_s
+
+
+def run_mode(
+    args: argparse.Namespace, warmup: bool, conversations: list[traces.Conversation]
+) -> dict[str, Any]:
+    after_tool = {
+        (step.conversation.id, step.index)
+        for conversation in conversations
+        for step in traces.steps(conversation)
+        if step.after_tool
+    }
+    with engine_and_proxy(args, warmup) as (engine, proxy):
+        started = time.monotonic()
+        steps, wall = asyncio.run(replay(args, proxy, conversations))
+        engine_text, proxy_text = scrape(engine), scrape(proxy)
+    ok = [s for s in steps if s.error is None]
+    followers = [s for s in ok if (s.conversation, s.step) in after_tool and s.ttft_s is not None]
+    ttfts = [s.ttft_s for s in followers if s.ttft_s is not None]
+    prompt = sum(s.prompt_tokens or 0 for s in followers)
+    cached = sum(s.cached_tokens or 0 for s in followers)
+    sent = metric(proxy_text, "prefill_proxy_warmups_total", 'outcome="ok"')
+    # A step that computed more than its new messages could hold lost its prefix.
+    cold = [s for s in followers if (s.prompt_tokens or 0) - (s.cached_tokens or 0) > COLD_TOKENS]
+    return {
+        "mode": "on" if warmup else "off",
+        "steps": len(steps),
+        "errors": len(steps) - len(ok),
+        "after_tool": len(followers),
+        "cold": len(cold),
+        "p50": percentile(ttfts, 0.5),
+        "p90": percentile(ttfts, 0.9),
+        "cached_share": cached / prompt if prompt else 0.0,
+        "engine_computed": metric(
+            engine_text, "vllm:prompt_tokens_by_source_total", 'source="local_compute"'
+        ),
+        "warmups": sent,
+        "warmup_errors": metric(proxy_text, "prefill_proxy_warmups_total", 'outcome="error"'),
+        "skips": {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(
+                r'^prefill_proxy_warmups_skipped_total\{reason="([^"]+)"\} (\S+)$',
+                proxy_text,
+                re.MULTILINE,
+            )
+        },
+        "timed": metric(proxy_text, "prefill_proxy_warmups_total", 'trigger="tool_calls_timed"'),
+        "warmup_tokens": metric(proxy_text, "prefill_proxy_warmup_computed_tokens_total"),
+        "wall": wall or time.monotonic() - started,
+    }
+
+
+HEADER = (
+    "warm-up",
+    "steps (errors)",
+    "after tool calls",
+    "of which prefix lost",
+    "TTFT p50 ms",
+    "TTFT p90 ms",
+    "cached share",
+    "engine computed tokens",
+    "warm-ups ok (timed; failed)",
+    "skipped",
+    "warm-up computed tokens",
+    "wall s",
+)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """A markdown table, one row per mode, then the comparison. TTFT and cached share are
+    those of the steps that follow tool calls; engine tokens count every request."""
+    rows = ["| " + " | ".join(HEADER) + " |", "|---" + "|---:" * (len(HEADER) - 1) + "|"]
+    for r in results:
+        skips = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["skips"].items())) or "0"
+        cells = (
+            r["mode"],
+            f"{r['steps']} ({r['errors']})",
+            str(r["after_tool"]),
+            str(r["cold"]),
+            f"{1000 * (r['p50'] or 0):.0f}",
+            f"{1000 * (r['p90'] or 0):.0f}",
+            f"{100 * r['cached_share']:.1f}%",
+            f"{r['engine_computed']:,.0f}",
+            f"{r['warmups']:.0f} ({r['timed']:.0f}; {r['warmup_errors']:.0f})",
+            skips,
+            f"{r['warmup_tokens']:,.0f}",
+            f"{r['wall']:.0f}",
+        )
+        rows.append("| " + " | ".join(cells) + " |")
+    by_mode = {r["mode"]: r for r in results}
+    if {"on", "off"} <= by_mode.keys() and by_mode["on"]["p50"]:
+        on, off = by_mode["on"], by_mode["off"]
+        extra = on["engine_computed"] - off["engine_computed"]
+        rows.append(
+            f"\nTTFT p50 after tool calls: {1000 * off['p50']:.0f} ms without warm-up, "
+            f"{1000 * on['p50']:.0f} ms with it: {off['p50'] / on['p50']:.2f}x lower. Engine "
+            f"prefill: {extra:+,.0f} tokens ({100 * extra / max(off['engine_computed'], 1):+.1f}%)"
+            f" with warm-ups, which computed {on['warmup_tokens']:,.0f} themselves."
+        )
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    conversations = traces.load(args.traces, args.limit)
+    print(
+        f"{len(conversations)} conversations, concurrency {args.concurrency}, tool latency "
+        f"{args.tool_latency} s, sim speed {args.speed}, KV capacity {args.capacity_tokens:,} "
+        "tokens\n",
+        flush=True,
+    )
+    results = []
+    for mode in args.modes.split(","):
+        results.append(run_mode(args, mode == "on", conversations))
+        done = results[-1]
+        print(f"{mode}: done in {done['wall']:.0f} s", file=sys.stderr, flush=True)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,480 @@
+"""Speculative prefill end to end: the proxy in front of the simulator (real uvicorn servers
+on loopback), a client that streams a tool-call step, then the step with the tool result.
+
+The conversations are built so the warm-up makes a measurable difference even on an idle
+engine: the reply's end-of-turn token is never fed back (vLLM and the sim alike), so
+without a warm-up the block that holds it is computed again by the next step. The length
+of the tool call is padded until that block boundary falls there (see ``aligned_step``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from proxy import config
+from proxy.exchange import Exchange
+from proxy.metrics import Metrics
+from proxy.sessions import Session
+from proxy.sim.app import create_sim_app
+from proxy.sim.config import SimConfig
+from proxy.tracker import Turn
+from proxy.upstream import Upstream
+from proxy.warmup import Warmer
+from tests.support.proxies import RunningProxy
+from tests.support.servers import serve
+
+B = 16  # the simulator's block size (it says so in its /metrics)
+MODEL = "sim-model"
+# In the proxy's canonical form (keys sorted), so the proxy forwards them as they are.
+TOOLS = [
+    {
+        "function": {
+            "description": "Look an order up",
+            "name": "lookup",
+            "parameters": {"properties": {"order": {"type": "string"}}, "type": "object"},
+        },
+        "type": "function",
+    }
+]
+SKIPPED = "prefill_proxy_warmups_skipped_total"
+WARMUPS_OK = ("prefill_proxy_warmups_total", {"trigger": "tool_calls", "outcome": "ok"})
+
+
+class EngineGate:
+    """The simulator behind a switchboard the test holds: requests to ``held`` paths wait
+    until released, ``missing`` paths answer 404 like a server without the route, and
+    ``failing`` ones answer 500, ``metrics`` replaces the engine's /metrics text. Runs in
+    the server's thread."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.held: set[str] = set()
+        self.missing: set[str] = set()
+        self.failing: set[str] = set()
+        self.metrics: bytes | None = None
+        self.waiting = 0  # requests being held now
+        self.release = threading.Event()
+        self.paths: list[str] = []
+        self.completions: list[dict[str, Any]] = []  # bodies of /v1/completions requests
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        self.paths.append(path)
+        if path == "/v1/completions":
+            body = b""
+            while (message := await receive())["type"] == "http.request":
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            self.completions.append(json.loads(body))
+            receive = _replay(body)
+        if path in self.missing:
+            return await _answer(send, 404, b'{"detail":"Not Found"}')
+        if path in self.failing:
+            return await _answer(send, 500, b'{"error":{"message":"boom","code":500}}')
+        if path == "/metrics" and self.metrics is not None:
+            return await _answer(send, 200, self.metrics)
+        if path in self.held:
+            self.waiting += 1
+            await asyncio.to_thread(self.release.wait)
+            self.waiting -= 1
+        return await self.app(scope, receive, send)
+
+
+def _replay(body: bytes) -> Any:
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            await asyncio.Event().wait()  # as a connection that stays open
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def _answer(send: Any, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+@dataclasses.dataclass
+class Engine:
+    url: str
+    gate: EngineGate
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    gate = EngineGate(create_sim_app(SimConfig(speed=1000.0, max_model_len=8192)))
+    with serve(gate) as url:
+        yield Engine(url, gate)
+    gate.release.set()
+
+
+@pytest.fixture
+def proxy_on(engine, start_proxy) -> Callable[..., RunningProxy]:
+    def start(**overrides: Any) -> RunningProxy:
+        return start_proxy(engine.url, **overrides)
+
+    return start
+
+
+def conversation(tag: str) -> list[dict[str, Any]]:
+    system = f"{tag}: you look orders up for customers of a shop. " * 30
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": f"Where is my order {tag}?"},
+    ]
+
+
+def tool_reply(padding: int) -> dict[str, Any]:
+    arguments = json.dumps({"order": "A" + "7" * padding})
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "lookup", "arguments": arguments},
+    }
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def tokenize(url: str, messages: list[dict[str, Any]], generation: bool) -> list[int]:
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "tools": TOOLS,
+        "add_generation_prompt": generation,
+    }
+    response = httpx.post(url + "/tokenize", json=body, timeout=10)
+    response.raise_for_status()
+    return response.json()["tokens"]
+
+
+def aligned_step(engine: Engine, tag: str) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+    """(messages, tool-call reply, warm length): padded so that the warmed prompt (messages
+    plus reply, without a generation prompt) is one token past a block boundary; the
+    reply's end-of-turn token then starts a block the next step cannot find cached unless
+    a warm-up computed it."""
+    messages = conversation(tag)
+    for padding in range(4 * B):
+        reply = tool_reply(padding)
+        count = len(tokenize(engine.url, [*messages, reply], generation=False))
+        if (count - 1) % B == 0:  # the reply's end-of-turn token ends a block
+            engine.gate.paths.clear()  # what the engine was asked from here on is the proxy's doing
+            return messages, reply, count
+    raise AssertionError("no padding aligns the reply")
+
+
+def chat(proxy: RunningProxy, messages: list, reply: dict | None, session: str) -> dict:
+    """One streamed step through the proxy (the sim answers ``reply``); its usage."""
+    body: dict[str, Any] = {"model": MODEL, "messages": messages, "tools": TOOLS}
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
+    if reply is not None:
+        body["x_replay_reply"] = reply
+    response = httpx.post(
+        proxy.url + "/v1/chat/completions",
+        json=body,
+        headers={"x-session-id": session},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line[6:7] == "{"]
+    return next(e["usage"] for e in events if e.get("usage"))
+
+
+def tool_result() -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": "call_1", "content": "Shipped yesterday."}
+
+
+def cached(usage: dict) -> int:
+    return int(usage["prompt_tokens_details"]["cached_tokens"])
+
+
+def test_a_tool_call_reply_warms_the_next_steps_prefix(engine, proxy_on) -> None:
+    gate = engine.gate
+    proxy = proxy_on()
+    messages, reply, count = aligned_step(engine, "warm")
+    chat(proxy, messages, reply, "s1")
+    proxy.wait_for(lambda: proxy.sample(WARMUPS_OK[0], **WARMUPS_OK[1]) == 1)
+    (warmup,) = gate.completions
+    nxt = [*messages, reply, tool_result()]
+    assert warmup["max_tokens"] == 1 and "priority" not in warmup
+    assert len(warmup["prompt"]) == count  # its full blocks, and one token more
+    assert tokenize(engine.url, nxt, generation=True)[:count] == warmup["prompt"]
+    # Computed by the warm-up: the end-of-turn token and the newline after it, plus the
+    # one token every prompt computes.
+    assert 1 <= proxy.sample("prefill_proxy_warmup_computed_tokens_total") <= B + 1
+    second = chat(proxy, nxt, None, "s1")
+    assert cached(second) == count - 1  # every full block of the warmed prompt
+    assert proxy.sample("prefill_proxy_step_time_to_first_token_seconds_count", warmed="yes") == 1
+    assert proxy.sample("prefill_proxy_step_time_to_first_token_seconds_count", warmed="no") == 0
+
+
+def test_without_warmup_the_next_step_recomputes_the_replys_last_block(engine, proxy_on) -> None:
+    proxy = proxy_on(warmup=False)
+    messages, reply, count = aligned_step(engine, "cold")
+    chat(proxy, messages, reply, "s1")
+    second = chat(proxy, [*messages, reply, tool_result()], None, "s1")
+    assert cached(second) == count - 1 - B
+    assert proxy.sample("prefill_proxy_warmups_skipped_total", reason="disabled") == 1
+    assert proxy.sample("prefill_proxy_step_time_to_first_token_seconds_count", warmed="no") == 1
+    assert "/tokenize" not in engine.gate.paths and "/metrics" not in engine.gate.paths
+
+
+def test_the_step_after_an_unwarmed_tool_call_is_labelled_so(engine, proxy_on) -> None:
+    proxy = proxy_on(warmup_max_proxy_inflight=0)  # the replying request itself is in flight
+    messages, reply, _ = aligned_step(engine, "unwarmed")
+    chat(proxy, messages, reply, "s1")
+    chat(proxy, [*messages, reply, tool_result()], None, "s1")
+    assert proxy.sample("prefill_proxy_warmups_skipped_total", reason="proxy_busy") == 1
+    assert proxy.sample("prefill_proxy_step_time_to_first_token_seconds_count", warmed="no") == 1
+
+
+def test_a_reply_without_tool_calls_warms_nothing(engine, proxy_on) -> None:
+    gate = engine.gate
+    proxy = proxy_on()
+    answer = {"role": "assistant", "content": "It shipped yesterday."}
+    chat(proxy, conversation("text"), answer, "s1")
+    chat(proxy, [*conversation("text"), answer, {"role": "user", "content": "thanks"}], None, "s1")
+    assert "/tokenize" not in gate.paths
+    assert proxy.sample("prefill_proxy_warmups_total", trigger="tool_calls", outcome="ok") == 0
+
+
+def test_one_warmup_per_session_and_a_global_cap(engine, proxy_on) -> None:
+    gate = engine.gate
+    gate.held.add("/v1/completions")
+    proxy = proxy_on(warmup_max_inflight=2)
+    messages, reply, _ = aligned_step(engine, "capped")
+    chat(proxy, messages, reply, "s1")  # warms, held
+    proxy.wait_for(lambda: gate.waiting == 1)
+    chat(proxy, messages, reply, "s1")  # same session: busy
+    chat(proxy, messages, reply, "s2")  # warms, held: the cap is reached
+    proxy.wait_for(lambda: gate.waiting == 2)
+    chat(proxy, messages, reply, "s3")
+    skipped = "prefill_proxy_warmups_skipped_total"
+    assert proxy.sample(skipped, reason="session_busy") == 1
+    assert proxy.sample(skipped, reason="global_cap") == 1
+    gate.release.set()
+    proxy.wait_for(lambda: proxy.sample(WARMUPS_OK[0], **WARMUPS_OK[1]) == 2)
+    chat(proxy, messages, reply, "s3")  # room again
+    proxy.wait_for(lambda: proxy.sample(WARMUPS_OK[0], **WARMUPS_OK[1]) == 3)
+
+
+def test_no_warmup_while_the_engine_queues_requests(engine, proxy_on) -> None:
+    gate = engine.gate
+    gate.metrics = b'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n'
+    proxy = proxy_on(warmup_max_waiting=2)
+    messages, reply, _ = aligned_step(engine, "busy")
+    chat(proxy, messages, reply, "s1")
+    skipped = "prefill_proxy_warmups_skipped_total"
+    proxy.wait_for(lambda: proxy.sample(skipped, reason="engine_busy") == 1)
+    assert "/tokenize" not in gate.paths
+    gate.metrics = b'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\n'
+    scrapes = gate.paths.count("/metrics")
+    proxy.wait_for(lambda: gate.paths.count("/metrics") > scrapes)  # read after the change
+    chat(proxy, messages, reply, "s2")
+    proxy.wait_for(lambda: proxy.sample(WARMUPS_OK[0], **WARMUPS_OK[1]) == 1)
+
+
+def test_a_prompt_under_one_block_is_not_warmed(engine, proxy_on) -> None:
+    gate = engine.gate
+    proxy = proxy_on(engine_block_size=8192)
+    messages, reply, _ = aligned_step(engine, "short")
+    chat(proxy, messages, reply, "s1")
+    skipped = "prefill_proxy_warmups_skipped_total"
+    proxy.wait_for(lambda: proxy.sample(skipped, reason="too_short") == 1)
+    assert "/v1/completions" not in gate.paths
+
+
+def test_without_token_routes_the_warmup_is_a_chat_completion(engine, proxy_on) -> None:
+    gate = engine.gate
+    messages, reply, count = aligned_step(engine, "fallback")
+    gate.missing |= {"/tokenize", "/v1/completions"}
+    proxy = proxy_on()
+    chat(proxy, messages, reply, "s1")
+    proxy.wait_for(lambda: proxy.sample(WARMUPS_OK[0], **WARMUPS_OK[1]) == 1)
+    assert gate.paths.count("/v1/chat/completions") == 2  # the step and its warm-up
+    second = chat(proxy, [*messages, reply, tool_result()], None, "s1")
+    assert cached(second) == count - 1
+    chat(proxy, messages, reply, "s2")  # straight to chat now: /tokenize is not tried again
+    proxy.wait_for(lambda: proxy.sample(WARMUPS_OK[0], **WARMUPS_OK[1]) == 2)
+    assert gate.paths.count("/tokenize") == 1
+
+
+def test_a_failed_warmup_is_counted_and_the_client_never_sees_it(engine, proxy_on) -> None:
+    gate = engine.gate
+    gate.failing.add("/v1/completions")
+    proxy = proxy_on()
+    messages, reply, _ = aligned_step(engine, "failing")
+    chat(proxy, messages, reply, "s1")
+    labels = {"trigger": "tool_calls", "outcome": "error"}
+    proxy.wait_for(lambda: proxy.sample("prefill_proxy_warmups_total", **labels) == 1)
+    second = chat(proxy, [*messages, reply, tool_result()], None, "s1")
+    assert second["prompt_tokens"] > 0
+    assert (
+        proxy.sample(
+            "prefill_proxy_requests_total", route="/v1/chat/completions", model=MODEL, status="200"
+        )
+        == 2
+    )
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_warm_on_request_and_shutdown_cancels_what_is_in_flight(engine) -> None:
+    gate = engine.gate
+    settings = config.load({"upstream": engine.url}, environ={})
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    upstream = Upstream(settings)
+    warmer = Warmer(settings, upstream, metrics)
+    messages, reply, count = aligned_step(engine, "compacted")
+    request = {"model": MODEL, "messages": [*messages, reply], "tools": TOOLS}
+
+    def sample(outcome: str) -> float:
+        labels = {"trigger": "compaction", "outcome": outcome}
+        return registry.get_sample_value("prefill_proxy_warmups_total", labels) or 0.0
+
+    warmer.warm(request, (), "s1")
+    await _until(lambda: sample("ok") == 1)
+    tokens = tokenize(engine.url, [*messages, reply, tool_result()], generation=True)
+    usage = httpx.post(
+        engine.url + "/v1/completions", json={"prompt": tokens, "max_tokens": 1}
+    ).json()
+    assert cached(usage["usage"]) == count - 1
+
+    gate.held.add("/v1/completions")
+    warmer.warm(request, (), "s2")
+    await _until(lambda: gate.waiting == 1)
+    await warmer.aclose()  # returns: the held warm-up was cancelled
+    assert sample("error") == 0 and sample("ok") == 1
+    gate.release.set()
+    await upstream.aclose()
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+class Paused:
+    """The warmer's sleep, held by the test: records each delay, returns when released."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+        self.release = asyncio.Event()
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        await self.release.wait()
+
+
+class Direct:
+    """A Warmer in this event loop, on the engine, fed turns the way the tracker feeds it."""
+
+    def __init__(self, engine: Engine) -> None:
+        settings = config.load({"upstream": engine.url}, environ={})
+        self.registry = CollectorRegistry()
+        self.upstream = Upstream(settings)
+        self.now = 1000.0
+        self.sleep = Paused()
+        self.warmer = Warmer(
+            settings,
+            self.upstream,
+            Metrics(self.registry),
+            clock=lambda: self.now,
+            sleep=self.sleep,
+        )
+        self.session = Session("s1")
+
+    def reply(self, messages: list, reply: dict, *, arrived: float, after_tools: bool) -> None:
+        """A recorded reply to a request that arrived at ``arrived`` (the warmer's clock)."""
+        turn = Turn(self.session, messages, [], forwarded_messages=messages)
+        turn.request = {"model": MODEL, "messages": messages, "tools": TOOLS}
+        turn.follows_tool_calls = after_tools
+        exchange = Exchange("/v1/chat/completions", "POST", started=arrived, reply=reply)
+        self.now = arrived + 0.5  # the reply is recorded half a second after its request
+        self.warmer.after_reply(turn, exchange)
+
+    def sample(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    def sent(self, trigger: str) -> float:
+        return self.sample("prefill_proxy_warmups_total", trigger=trigger, outcome="ok")
+
+    async def close(self) -> None:
+        await self.warmer.aclose()
+        await self.upstream.aclose()
+
+
+@pytest.fixture
+async def direct(engine) -> AsyncIterator[Direct]:
+    direct = Direct(engine)
+    yield direct
+    await direct.close()
+
+
+@pytest.mark.anyio
+async def test_a_second_warmup_goes_just_before_the_client_is_expected_back(engine, direct) -> None:
+    messages, reply, _ = aligned_step(engine, "timed")
+    second = [*messages, reply, tool_result()]
+    direct.reply(messages, reply, arrived=1000.0, after_tools=False)
+    await _until(lambda: direct.sent("tool_calls") == 1)
+    assert direct.sleep.delays == []  # no tool round seen yet: nothing to time
+    # The client came back 3 s after the reply: its next tool round is expected as long.
+    direct.reply(second, reply, arrived=1003.5, after_tools=True)
+    await _until(lambda: direct.sleep.delays == [2.25])  # a quarter of the round early
+    assert direct.sent("tool_calls") == 2 and direct.sent("tool_calls_timed") == 0
+    direct.sleep.release.set()
+    await _until(lambda: direct.sent("tool_calls_timed") == 1)
+    # The timed one sends the tokens the first /tokenize gave: no second rendering.
+    assert engine.gate.paths.count("/tokenize") == 2
+    assert engine.gate.completions[-1] == engine.gate.completions[-2]
+
+
+@pytest.mark.anyio
+async def test_no_timed_warmup_once_the_client_is_back(engine, direct) -> None:
+    messages, reply, _ = aligned_step(engine, "back")
+    direct.reply(messages, reply, arrived=1000.0, after_tools=False)
+    await _until(lambda: direct.sent("tool_calls") == 1)
+    direct.reply(messages, reply, arrived=1003.5, after_tools=True)
+    await _until(lambda: direct.sleep.delays == [2.25] and direct.sent("tool_calls") == 2)
+    direct.session.touched += 1.0  # the store's lookup when the next request arrives
+    direct.sleep.release.set()
+    await _until(lambda: direct.sample(SKIPPED, reason="client_back") == 1)
+    assert direct.sent("tool_calls_timed") == 0
+
+
+@pytest.mark.anyio
+async def test_a_newer_reply_replaces_the_timed_warmup_and_shutdown_ends_it(engine, direct) -> None:
+    messages, reply, _ = aligned_step(engine, "replaced")
+    direct.reply(messages, reply, arrived=1000.0, after_tools=False)
+    await _until(lambda: direct.sent("tool_calls") == 1)
+    direct.reply(messages, reply, arrived=1003.5, after_tools=True)
+    await _until(lambda: len(direct.sleep.delays) == 1 and direct.sent("tool_calls") == 2)
+    direct.reply(messages, reply, arrived=1005.0, after_tools=True)  # rounds: 3.0 s, 1.0 s
+    await _until(lambda: direct.sleep.delays == [2.25, 0.75] and direct.sent("tool_calls") == 3)
+    waiting = list(direct.warmer._tasks.values())
+    assert len(waiting) == 1  # the first timed one was cancelled by the newer reply
+    await direct.warmer.aclose()
+    assert waiting[0].cancelled()
+    direct.sleep.release.set()
+    assert direct.sent("tool_calls_timed") == 0

@@ -1,0 +1,154 @@
+"""Warm-up decisions and request shapes (pure): block truncation, skips, timing, bodies."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.warmup import (
+    Limits,
+    chat_body,
+    completion_body,
+    route_missing,
+    skip_reason,
+    tokenize_body,
+    warm_delay,
+    warm_length,
+)
+
+
+@pytest.mark.parametrize(
+    ("count", "block", "sent"),
+    [
+        (0, 16, 0),
+        (1, 16, 0),
+        (16, 16, 0),  # one full block, but its last token is always recomputed
+        (17, 16, 17),
+        (18, 16, 17),
+        (32, 16, 17),
+        (33, 16, 33),
+        (2728, 32, 2721),  # measured on vLLM: 2,720 cached by the next step
+        (2721, 32, 2721),
+    ],
+)
+def test_warm_length(count: int, block: int, sent: int) -> None:
+    assert warm_length(count, block) == sent
+
+
+@given(st.integers(0, 200_000), st.sampled_from([1, 16, 32, 128, 256]))
+def test_warm_length_caches_every_block_the_whole_prompt_would(count: int, block: int) -> None:
+    sent = warm_length(count, block)
+    best = max(count - 1, 0) // block * block  # what vLLM caches of the whole prompt
+    if best == 0:
+        assert sent == 0
+    else:
+        assert sent == best + 1 <= count  # those blocks, and the one token vLLM computes
+
+
+LIMITS = Limits(max_inflight=4, max_waiting=0, max_proxy_inflight=64)
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        ({}, None),
+        ({"session_busy": True, "warming": 4, "proxy_in_flight": 100}, "session_busy"),
+        ({"warming": 4}, "global_cap"),
+        ({"warming": 3}, None),
+        ({"proxy_in_flight": 65, "engine_waiting": 3}, "proxy_busy"),
+        ({"proxy_in_flight": 64}, None),
+        ({"engine_waiting": 1}, "engine_busy"),
+        ({"engine_waiting": 0}, None),
+        ({"engine_waiting": None}, None),  # an engine that does not say: taken as idle
+    ],
+)
+def test_skip_reason(state: dict, reason: str | None) -> None:
+    arguments = {"session_busy": False, "warming": 0, "proxy_in_flight": 1} | state
+    assert skip_reason(LIMITS, **arguments) == reason
+
+
+def test_a_cap_of_zero_skips_every_warmup() -> None:
+    limits = Limits(max_inflight=0, max_waiting=0, max_proxy_inflight=64)
+    assert skip_reason(limits, session_busy=False, warming=0, proxy_in_flight=0) == "global_cap"
+
+
+@pytest.mark.parametrize(
+    ("gaps", "delay"),
+    [
+        ([], None),  # no history: only the warm-up right after the reply
+        ([0.5], None),  # back too soon for a second one to matter
+        ([2.0], 1.5),  # a quarter of the round ahead
+        ([3.0, 2.0, 4.0], 1.5),  # the shortest recent round
+        ([1.0], 0.75),
+        ([4.0], 3.0),
+        ([40.0], 38.0),  # the lead is capped
+        ([1.1], 1.1 - 0.275),
+    ],
+)
+def test_warm_delay(gaps: list[float], delay: float | None) -> None:
+    assert warm_delay(gaps) == (pytest.approx(delay) if delay is not None else None)
+
+
+USER = {"role": "user", "content": "hi"}
+REQUEST: dict = {
+    "model": "m",
+    "messages": [USER],
+    "tools": [{"type": "function", "function": {"name": "f"}}],
+    "chat_template_kwargs": {"enable_thinking": False},
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "temperature": 0.3,
+    "x_replay_reply": {"role": "assistant", "content": "x"},
+}
+MESSAGES = [USER, {"role": "assistant", "content": None, "tool_calls": []}]
+
+
+def test_tokenize_body_renders_the_conversation_as_the_next_request_will_start() -> None:
+    assert tokenize_body(REQUEST, MESSAGES) == {
+        "model": "m",
+        "tools": REQUEST["tools"],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "messages": MESSAGES,
+        "add_generation_prompt": False,
+        "continue_final_message": False,
+    }
+
+
+def test_completion_body_sends_token_ids_for_one_token() -> None:
+    assert completion_body(REQUEST, [1, 2, 3], priority=0) == {
+        "model": "m",
+        "prompt": [1, 2, 3],
+        "max_tokens": 1,
+    }
+    salted = completion_body({**REQUEST, "cache_salt": "tenant-7"}, [1], priority=5)
+    assert salted["cache_salt"] == "tenant-7" and salted["priority"] == 5
+
+
+def test_chat_body_is_the_same_prompt_without_a_generation_prompt() -> None:
+    body = chat_body({**REQUEST, "cache_salt": "s"}, MESSAGES, priority=0)
+    assert body == {
+        "model": "m",
+        "tools": REQUEST["tools"],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "messages": MESSAGES,
+        "add_generation_prompt": False,
+        "max_tokens": 1,
+        "stream": False,
+        "cache_salt": "s",
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "missing"),
+    [
+        (404, b'{"detail":"Not Found"}', True),  # FastAPI's router: no such route
+        (405, b'{"detail":"Method Not Allowed"}', True),
+        (404, b"not json", True),
+        (404, b'{"error":{"message":"The model `x` does not exist.","code":404}}', False),
+        (500, b'{"detail":"Not Found"}', False),
+        (200, b"{}", False),
+    ],
+)
+def test_route_missing(status: int, body: bytes, missing: bool) -> None:
+    assert route_missing(status, body) is missing
