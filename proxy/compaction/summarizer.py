@@ -39,11 +39,12 @@ MAX_FACTS = 64
 # Tokens that carry facts: with a digit in them (ids, amounts, dates, phone numbers) or an
 # e-mail address. Whole words only, trailing punctuation left out.
 _FACT = re.compile(
-    r"[\w.+-]+@[\w-]+\.[\w.-]+"  # e-mail
+    r"(?:[\w.+-]+@[\w-]+\.[\w.-]+"  # e-mail
     r"|[$€£]\s?\d[\d,]*(?:\.\d+)?"  # money
-    r"|\b\d{4}-\d{2}-\d{2}\b"  # ISO date
+    r"|\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?\b"  # ISO date and time
     r"|#?\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[\w-]{4,}\b"  # ids mixing letters and digits
-    r"|\b\d[\d,]*\.\d+\b|\b\d{3,}\b"  # numbers worth keeping
+    r"|\b\d[\d,]*\.\d+\b|\b\d{3,}\b)"  # numbers worth keeping
+    r"(?!\"?\s*:)"  # but not a JSON key ("address1": ...)
 )
 
 

@@ -94,3 +94,10 @@ def test_the_in_context_request_is_the_conversation_plus_one_question() -> None:
     assert ask["tool_choice"] == "none"
     assert (ask["max_tokens"], ask["temperature"], ask["stream"]) == (300, 0, False)
     assert "tool_choice" not in summarizer.in_context_request({"model": "m"}, TURNS, 300)
+
+
+def test_key_facts_leave_json_keys_out_and_keep_whole_timestamps() -> None:
+    record = '{"address1": "12 Oak St", "created_at": "2024-05-08T14:30:00", "user_id": "mia_3668"}'
+    facts = summarizer.key_facts([{"role": "tool", "tool_call_id": "c", "content": record}])
+    assert "address1" not in facts
+    assert "2024-05-08T14:30:00" in facts and "mia_3668" in facts
