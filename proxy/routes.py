@@ -37,9 +37,8 @@ KNOWN_ROUTES = frozenset(
     }
 )
 REWRITE_HEADER = "x-prefill-proxy-rewrite"
-# How vLLM refuses a prompt longer than its context: when max_tokens is left unset it is
-# what remains of the context, so the overflow shows as a negative max_tokens; otherwise
-# it names the context length.
+# How vLLM refuses a prompt longer than its context: 0.32 names the context length
+# (tests/e2e/test_compaction.py); some versions report the negative max_tokens left over.
 OVERFLOW_MARKERS = (b"max_tokens must be at least 1, got -", b"maximum context length is")
 JSON = "application/json"
 log = logging.getLogger("prefill_proxy.routes")

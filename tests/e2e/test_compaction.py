@@ -71,7 +71,8 @@ def test_the_engines_overflow_error_reaches_the_client_and_is_counted(
 ) -> None:
     """A prompt over real vLLM's context, with no history to compact (one huge message):
     the proxy forwards it as it is and vLLM's own 400 reaches the client; the proxy
-    recognises vLLM's way of saying it ('max_tokens must be at least 1, got -N')."""
+    recognises vLLM's way of saying it (0.32: "This model's maximum context length is
+    16384 tokens. However, your prompt contains at least 16385 input tokens ...")."""
     proxy = start_proxy(vllm_server.base_url)
     words = " ".join(f"w{n}" for n in range(20_000))  # over the test model's 16k context
     body = {"model": vllm_server.model, "messages": [{"role": "user", "content": words}]}
