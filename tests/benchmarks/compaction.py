@@ -58,6 +58,12 @@ def parse_args() -> argparse.Namespace:
     add("--limit", type=int, help="first N trace conversations")
     add("--concurrency", type=int, default=1, help="conversations in flight (default 1)")
     add("--max-tokens", type=int, help="max_tokens per step (real vLLM on a CPU: 16)")
+    add(
+        "--tool-latency",
+        type=float,
+        default=0.0,
+        help="seconds the client spends on its tools before a step (default 0)",
+    )
     add("--proxy-arg", action="append", default=[], help="extra `proxy serve` argument")
     add("--out", type=Path, default=Path(".artifacts/compaction"), help="JSON folder")
     return parser.parse_args()
@@ -141,6 +147,7 @@ def replay(args: argparse.Namespace, path: Path, label: str, **run: Any) -> dict
                 traces=path,
                 concurrency=args.concurrency,
                 max_tokens=args.max_tokens,
+                tool_latency=args.tool_latency,
                 json_path=json_path,
                 **run,
             )
