@@ -6,8 +6,11 @@ conversations are replayed through the proxy with a tool latency before every st
 answers tool results. The table compares those steps' TTFT (client side), the engine's
 computed prompt tokens (its own counter, warm-ups included) and what the warm-ups cost.
 
-    .venv/bin/python -m tests.benchmarks.warmup                     # defaults below
-    .venv/bin/python -m tests.benchmarks.warmup --capacity-tokens 60000 --concurrency 24
+    .venv/bin/python -m tests.benchmarks.warmup      # 60 conversations, ~5 minutes
+
+The defaults (24 conversations at once, 5 s tool rounds, 40k tokens of KV where those 24
+hold ~60k: three shared system prompts and tools of ~4.3k, ~2k of their own on average)
+lose the prefix of about half the steps after tool calls without warm-ups. Steps whose computed tokens exceed COLD_TOKENS count as prefix lost.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import json
 import re
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -40,10 +44,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--traces", type=Path, default=TRACES, help=f"JSONL traces (default {TRACES})")
     add("--limit", type=int, help="first N conversations (default: all)")
     add("--speed", type=float, default=1.0, help="simulator speed-up (default 1)")
-    add("--capacity-tokens", type=int, default=48_000, help="sim KV cache (default 48000)")
-    add("--concurrency", type=int, default=16, help="conversations in flight (default 16)")
-    add("--tool-latency", type=float, default=2.0, help="seconds per tool round (default 2)")
+    add("--capacity-tokens", type=int, default=40_000, help="sim KV cache (default 40000)")
+    add("--concurrency", type=int, default=24, help="conversations in flight (default 24)")
+    add("--tool-latency", type=float, default=5.0, help="seconds per tool round (default 5)")
     add("--modes", default="off,on", help="warm-up modes to run, in order (default off,on)")
+    add(
+        "--proxy-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a proxy setting for both modes, e.g. warmup_max_waiting=4 (repeatable)",
+    )
+    add("--json", type=Path, help="write each mode's after-tool-call steps here")
     return parser.parse_args(argv)
 
 
@@ -59,6 +71,9 @@ def engine_and_proxy(args: argparse.Namespace, warmup: bool) -> Iterator[tuple[s
         proxy = f"http://127.0.0.1:{port}"
         serve = ["proxy", "serve", "--upstream", engine, "--port", str(port)]
         serve += ["--warmup", str(warmup).lower(), "--log-level", "warning"]
+        for setting in args.proxy_setting:
+            name, _, value = setting.partition("=")
+            serve += ["--" + name.replace("_", "-"), value]
         stack.enter_context(spawn(serve, proxy + "/ready"))
         yield engine, proxy
 
@@ -94,42 +109,53 @@ def run_mode(
         if step.after_tool
     }
     with engine_and_proxy(args, warmup) as (engine, proxy):
-        started = time.monotonic()
         steps, wall = asyncio.run(replay(args, proxy, conversations))
         engine_text, proxy_text = scrape(engine), scrape(proxy)
-    ok = [s for s in steps if s.error is None]
-    followers = [s for s in ok if (s.conversation, s.step) in after_tool and s.ttft_s is not None]
+    followers = [s for s in steps if (s.conversation, s.step) in after_tool]
+    computed = metric(engine_text, "vllm:prompt_tokens_by_source_total", 'source="local_compute"')
+    return summary(warmup, steps, followers, computed, proxy_text, wall)
+
+
+def summary(
+    warmup: bool,
+    steps: Sequence[StepRecord],
+    followers: Sequence[StepRecord],
+    engine_computed: float,
+    proxy_text: str,
+    wall: float,
+    cold_tokens: int = COLD_TOKENS,
+) -> dict[str, Any]:
+    """One mode's figures: ``followers`` are the steps that answer tool results, the engine
+    and proxy figures come from their /metrics."""
+    followers = [s for s in followers if s.error is None and s.ttft_s is not None]
     ttfts = [s.ttft_s for s in followers if s.ttft_s is not None]
     prompt = sum(s.prompt_tokens or 0 for s in followers)
     cached = sum(s.cached_tokens or 0 for s in followers)
-    sent = metric(proxy_text, "prefill_proxy_warmups_total", 'outcome="ok"')
     # A step that computed more than its new messages could hold lost its prefix.
-    cold = [s for s in followers if (s.prompt_tokens or 0) - (s.cached_tokens or 0) > COLD_TOKENS]
+    cold = [s for s in followers if (s.prompt_tokens or 0) - (s.cached_tokens or 0) > cold_tokens]
+    errors = sum(1 for s in steps if s.error is not None)
+    skipped = r'^prefill_proxy_warmups_skipped_total\{reason="([^"]+)"\} (\S+)$'
     return {
+        "records": [dataclasses.asdict(s) for s in followers],
         "mode": "on" if warmup else "off",
         "steps": len(steps),
-        "errors": len(steps) - len(ok),
+        "errors": errors,
         "after_tool": len(followers),
         "cold": len(cold),
         "p50": percentile(ttfts, 0.5),
         "p90": percentile(ttfts, 0.9),
         "cached_share": cached / prompt if prompt else 0.0,
-        "engine_computed": metric(
-            engine_text, "vllm:prompt_tokens_by_source_total", 'source="local_compute"'
-        ),
-        "warmups": sent,
+        "engine_computed": engine_computed,
+        "warmups": metric(proxy_text, "prefill_proxy_warmups_total", 'outcome="ok"'),
         "warmup_errors": metric(proxy_text, "prefill_proxy_warmups_total", 'outcome="error"'),
         "skips": {
             m.group(1): float(m.group(2))
-            for m in re.finditer(
-                r'^prefill_proxy_warmups_skipped_total\{reason="([^"]+)"\} (\S+)$',
-                proxy_text,
-                re.MULTILINE,
-            )
+            for m in re.finditer(skipped, proxy_text, re.MULTILINE)
+            if float(m.group(2))
         },
         "timed": metric(proxy_text, "prefill_proxy_warmups_total", 'trigger="tool_calls_timed"'),
         "warmup_tokens": metric(proxy_text, "prefill_proxy_warmup_computed_tokens_total"),
-        "wall": wall or time.monotonic() - started,
+        "wall": wall,
     }
 
 
@@ -198,6 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         done = results[-1]
         print(f"{mode}: done in {done['wall']:.0f} s", file=sys.stderr, flush=True)
     print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 

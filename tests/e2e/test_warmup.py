@@ -29,6 +29,7 @@ from proxy.sim.config import SimConfig
 from proxy.tracker import Turn
 from proxy.upstream import Upstream
 from proxy.warmup import Warmer
+from proxy.warmup.policy import RETRY_S
 from tests.support.proxies import RunningProxy
 from tests.support.servers import serve
 
@@ -390,7 +391,7 @@ class Paused:
 class Direct:
     """A Warmer in this event loop, on the engine, fed turns the way the tracker feeds it."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, sleep: Callable[[float], Any] | None = None) -> None:
         settings = config.load({"upstream": engine.url}, environ={})
         self.registry = CollectorRegistry()
         self.upstream = Upstream(settings)
@@ -401,7 +402,7 @@ class Direct:
             self.upstream,
             Metrics(self.registry),
             clock=lambda: self.now,
-            sleep=self.sleep,
+            sleep=sleep or self.sleep,
         )
         self.session = Session("s1")
 
@@ -441,7 +442,7 @@ async def test_a_second_warmup_goes_just_before_the_client_is_expected_back(engi
     assert direct.sleep.delays == []  # no tool round seen yet: nothing to time
     # The client came back 3 s after the reply: its next tool round is expected as long.
     direct.reply(second, reply, arrived=1003.5, after_tools=True)
-    await _until(lambda: direct.sleep.delays == [2.25])  # a quarter of the round early
+    await _until(lambda: direct.sleep.delays == [2.7])  # a tenth of the round early
     assert direct.sent("tool_calls") == 2 and direct.sent("tool_calls_timed") == 0
     direct.sleep.release.set()
     await _until(lambda: direct.sent("tool_calls_timed") == 1)
@@ -456,7 +457,7 @@ async def test_no_timed_warmup_once_the_client_is_back(engine, direct) -> None:
     direct.reply(messages, reply, arrived=1000.0, after_tools=False)
     await _until(lambda: direct.sent("tool_calls") == 1)
     direct.reply(messages, reply, arrived=1003.5, after_tools=True)
-    await _until(lambda: direct.sleep.delays == [2.25] and direct.sent("tool_calls") == 2)
+    await _until(lambda: direct.sleep.delays == [2.7] and direct.sent("tool_calls") == 2)
     direct.session.touched += 1.0  # the store's lookup when the next request arrives
     direct.sleep.release.set()
     await _until(lambda: direct.sample(SKIPPED, reason="client_back") == 1)
@@ -471,10 +472,54 @@ async def test_a_newer_reply_replaces_the_timed_warmup_and_shutdown_ends_it(engi
     direct.reply(messages, reply, arrived=1003.5, after_tools=True)
     await _until(lambda: len(direct.sleep.delays) == 1 and direct.sent("tool_calls") == 2)
     direct.reply(messages, reply, arrived=1005.0, after_tools=True)  # rounds: 3.0 s, 1.0 s
-    await _until(lambda: direct.sleep.delays == [2.25, 0.75] and direct.sent("tool_calls") == 3)
+    await _until(lambda: direct.sleep.delays == [2.7, 0.8] and direct.sent("tool_calls") == 3)
     waiting = list(direct.warmer._tasks.values())
     assert len(waiting) == 1  # the first timed one was cancelled by the newer reply
     await direct.warmer.aclose()
     assert waiting[0].cancelled()
     direct.sleep.release.set()
     assert direct.sent("tool_calls_timed") == 0
+
+
+@pytest.mark.anyio
+async def test_a_timed_warmup_waits_out_a_busy_engine_until_the_client_is_due(engine) -> None:
+    busy = b'vllm:num_requests_waiting{engine="0"} 3.0\n'
+    engine.gate.metrics = busy
+    delays: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        if seconds == RETRY_S:  # the engine drains before the retry
+            engine.gate.metrics = b'vllm:num_requests_waiting{engine="0"} 0.0\n'
+            scrapes = engine.gate.paths.count("/metrics")
+            await _until(lambda: engine.gate.paths.count("/metrics") > scrapes)
+
+    direct = Direct(engine, sleep)
+    messages, reply, _ = aligned_step(engine, "waited")
+    engine.gate.metrics = busy
+    direct.reply(messages, reply, arrived=1000.0, after_tools=False)
+    await _until(lambda: direct.sample(SKIPPED, reason="engine_busy") == 1)
+    direct.reply(messages, reply, arrived=1003.5, after_tools=True)  # skipped again at once
+    await _until(lambda: direct.sent("tool_calls_timed") == 1)
+    assert delays == [2.7, RETRY_S]  # 0.3 s to go when it was due: room for one retry
+    assert direct.sample(SKIPPED, reason="engine_busy") == 2
+    await direct.close()
+
+
+@pytest.mark.anyio
+async def test_a_timed_warmup_gives_up_when_the_engine_stays_busy(engine) -> None:
+    engine.gate.metrics = b'vllm:num_requests_waiting{engine="0"} 3.0\n'
+    delays: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+
+    direct = Direct(engine, sleep)
+    messages, reply, _ = aligned_step(engine, "gave-up")
+    direct.reply(messages, reply, arrived=1000.0, after_tools=False)
+    await _until(lambda: direct.sample(SKIPPED, reason="engine_busy") == 1)
+    direct.reply(messages, reply, arrived=1010.5, after_tools=True)  # a 10 s round
+    await _until(lambda: direct.sample(SKIPPED, reason="engine_busy") == 3)
+    assert delays == [9.0] + [RETRY_S] * 4  # one second early, then until it is due
+    assert direct.sent("tool_calls_timed") == 0
+    await direct.close()

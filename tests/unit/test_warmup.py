@@ -6,14 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.warmup import (
-    Limits,
+from proxy.warmup.policy import Limits, engine_busy, skip_reason, warm_delay
+from proxy.warmup.shape import (
     chat_body,
     completion_body,
     route_missing,
-    skip_reason,
     tokenize_body,
-    warm_delay,
     warm_length,
 )
 
@@ -54,18 +52,24 @@ LIMITS = Limits(max_inflight=4, max_waiting=0, max_proxy_inflight=64)
     [
         ({}, None),
         ({"session_busy": True, "warming": 4, "proxy_in_flight": 100}, "session_busy"),
-        ({"warming": 4}, "global_cap"),
+        ({"warming": 4, "proxy_in_flight": 100}, "global_cap"),
         ({"warming": 3}, None),
-        ({"proxy_in_flight": 65, "engine_waiting": 3}, "proxy_busy"),
+        ({"proxy_in_flight": 65}, "proxy_busy"),
         ({"proxy_in_flight": 64}, None),
-        ({"engine_waiting": 1}, "engine_busy"),
-        ({"engine_waiting": 0}, None),
-        ({"engine_waiting": None}, None),  # an engine that does not say: taken as idle
     ],
 )
 def test_skip_reason(state: dict, reason: str | None) -> None:
     arguments = {"session_busy": False, "warming": 0, "proxy_in_flight": 1} | state
     assert skip_reason(LIMITS, **arguments) == reason
+
+
+@pytest.mark.parametrize(
+    ("waiting", "busy"),
+    [(None, False), (0, False), (1, True), (7, True)],  # None: the engine does not say
+)
+def test_engine_busy(waiting: int | None, busy: bool) -> None:
+    assert engine_busy(LIMITS, waiting) is busy
+    assert engine_busy(Limits(4, max_waiting=8, max_proxy_inflight=64), waiting) is False
 
 
 def test_a_cap_of_zero_skips_every_warmup() -> None:
@@ -78,16 +82,30 @@ def test_a_cap_of_zero_skips_every_warmup() -> None:
     [
         ([], None),  # no history: only the warm-up right after the reply
         ([0.5], None),  # back too soon for a second one to matter
-        ([2.0], 1.5),  # a quarter of the round ahead
-        ([3.0, 2.0, 4.0], 1.5),  # the shortest recent round
-        ([1.0], 0.75),
-        ([4.0], 3.0),
-        ([40.0], 38.0),  # the lead is capped
-        ([1.1], 1.1 - 0.275),
+        ([2.0], 1.8),  # a tenth of the round ahead
+        ([3.0, 2.0, 4.0], 1.8),  # the shortest recent round
+        ([5.0], 4.5),
+        ([1.0], 0.8),  # at least 0.2 s ahead
+        ([40.0], 38.0),  # at most 2 s ahead
     ],
 )
 def test_warm_delay(gaps: list[float], delay: float | None) -> None:
     assert warm_delay(gaps) == (pytest.approx(delay) if delay is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("gaps", "recompute_s", "delay"),
+    [
+        ([5.0], 0.1, 4.5),  # a fast engine: a tenth of the round is lead enough
+        ([5.0], 1.0, 4.0),  # a recompute takes 1 s: start 1 s ahead
+        ([40.0], 3.0, 37.0),  # past the 2 s cap when the engine needs it
+        ([5.0], 10.0, 2.5),  # never more than half the round ahead
+    ],
+)
+def test_the_lead_leaves_room_for_a_slow_engine(
+    gaps: list[float], recompute_s: float, delay: float
+) -> None:
+    assert warm_delay(gaps, recompute_s) == pytest.approx(delay)
 
 
 USER = {"role": "user", "content": "hi"}

@@ -1,45 +1,5 @@
-"""Speculative prefill: while the client runs its tools, have the engine compute the next
-step's known prefix, so that only the tool results are left to prefill when it comes back.
-
-The shape of a warm-up, from measurements on vLLM 0.32 (CPU build, the test model's
-ChatML/Hermes template; tests/e2e/test_warmup_vllm.py keeps checking them):
-
-- ``POST /tokenize`` with the forwarded messages plus the reply as emitted,
-  ``add_generation_prompt: false`` and ``continue_final_message: false`` (and the request's
-  tools and template fields) renders exactly what the next request will start with: its
-  2,728 tokens were the first 2,728 of the next request's 2,760 (which adds the tool
-  result and the generation prompt). ``continue_final_message: true`` is not it: it cuts
-  the prompt after the reply's content, before the re-rendered tool calls.
-- The prompt is then sent as token ids to ``POST /v1/completions``, cut to the largest
-  multiple of the block size plus one: vLLM caches full blocks only and always computes
-  the last prompt token, so the partial last block would be computed and thrown away.
-  Measured: a 2,721-token warm-up (block 32) found 2,688 cached, computed 33, and the next
-  step then found 2,720 cached instead of the 2,688 it would have had. The reply's own
-  decode blocks did not match: the model's tokens for a tool call are not the template's
-  re-rendering of it (tojson arguments), which is why a warm-up pays even on an idle
-  engine.
-- ``max_tokens: 1`` (vLLM rejects 0); the request's ``cache_salt`` (the same tenant's
-  blocks); ``priority`` only when configured (shared/FACTS.md: vLLM refuses it without
-  ``--scheduling-policy priority``; 0.32's /v1/completions accepted it here, older ones
-  do not).
-- Where ``/tokenize`` or ``/v1/completions`` is missing (404), a chat completion with
-  ``add_generation_prompt: false`` and ``max_tokens: 1`` warms the same blocks (measured:
-  2,720 of 2,728 cached) at the cost of computing the partial last block.
-
-When: right after the reply, and again shortly before the client is expected back, for a
-session whose earlier tool rounds say when that is (``warm_delay``). Measured on the
-simulator with a KV cache smaller than the sessions' working set
-(tests/benchmarks/warmup.py): the warm-up right after the reply alone changed nothing
-(TTFT p50 of the steps after tool calls 0.8-1.2x): those blocks were just computed, are
-the most recently used, and LRU evicts them during the tool round all the same. The
-second one touches (or recomputes) them at the end of the round, when they are needed:
-see the benchmark's figures in the commit that added it. The first stays: it is nearly
-free (its blocks are cached) and covers what the reply's decode did not (above).
-
-Bounds: one warm-up in flight per session, ``warmup_max_inflight`` in all; skipped while
-the engine queues requests (its ``/metrics``, read in the background: proxy.engine) or the
-proxy is busy. A warm-up never delays or fails a client request: it is a task of its own,
-every failure is caught and counted.
+"""The warm-up machinery: a ReplyListener that sends warm-ups as background tasks, within
+the bounds of proxy.warmup.policy, and observes the TTFT of the steps after tool calls.
 """
 
 from __future__ import annotations
@@ -50,7 +10,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proxy import jsonio
@@ -62,131 +22,29 @@ from proxy.metrics import Metrics
 from proxy.sessions import Session
 from proxy.tracker import Turn
 from proxy.upstream import RawHeaders, Upstream
+from proxy.warmup.policy import (
+    GAPS_KEPT,
+    RETRY_S,
+    Limits,
+    engine_busy,
+    skip_reason,
+    warm_delay,
+)
+from proxy.warmup.shape import (
+    DEFAULT_BLOCK_SIZE,
+    chat_body,
+    completion_body,
+    route_missing,
+    tokenize_body,
+    warm_length,
+)
 
 log = logging.getLogger("prefill_proxy.warmup")
 
-DEFAULT_BLOCK_SIZE = 16  # vLLM's default on GPUs
-# Fields of a chat request that change how its messages render (vLLM's TokenizeChatRequest
-# takes the same ones).
-RENDER_FIELDS = ("tools", "chat_template", "chat_template_kwargs", "mm_processor_kwargs")
 TIMEOUT_S = 120.0  # a warm-up still running after this is no help to anyone
 STATUS_MAX_AGE_S = 2.0  # engine readings older than this are refreshed before a warm-up
-# The timed warm-up (see the module docstring): how much earlier than the client's expected
-# return, and the tool rounds it is worth it for. Tuned on tests/benchmarks/warmup.py.
-LEAD_SHARE = 0.25
-MIN_LEAD_S = 0.2
-MAX_LEAD_S = 2.0
-MIN_TIMED_GAP_S = 1.0
-GAPS_KEPT = 4  # recent tool rounds per session that the estimate looks at
-TRIGGERS = ("tool_calls", "tool_calls_timed", "compaction")
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    max_inflight: int
-    max_waiting: int
-    max_proxy_inflight: int
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Limits:
-        return cls(
-            settings.warmup_max_inflight,
-            settings.warmup_max_waiting,
-            settings.warmup_max_proxy_inflight,
-        )
-
-
-def skip_reason(
-    limits: Limits,
-    *,
-    session_busy: bool,
-    warming: int,
-    proxy_in_flight: float,
-    engine_waiting: int | None = None,
-) -> str | None:
-    """Why a warm-up must not go now, or None. An engine that does not say how many
-    requests it queues (``None``) is taken as idle."""
-    if session_busy:
-        return "session_busy"
-    if warming >= limits.max_inflight:
-        return "global_cap"
-    if proxy_in_flight > limits.max_proxy_inflight:
-        return "proxy_busy"
-    if engine_waiting is not None and engine_waiting > limits.max_waiting:
-        return "engine_busy"
-    return None
-
-
-def warm_length(count: int, block_size: int) -> int:
-    """How many of a prompt's ``count`` tokens to send: its full blocks plus one token (the
-    one vLLM always computes); 0 when not even one block would be cached."""
-    full = (count - 1) // block_size * block_size if count > 0 else 0
-    return full + 1 if full > 0 else 0
-
-
-def warm_delay(gaps: Sequence[float]) -> float | None:
-    """Seconds after a tool-call reply to warm its prefix a second time, just before the
-    client is expected back (the shortest of its recent tool rounds, less a lead for the
-    warm-up itself); None without history or when the client comes back too soon for it
-    to matter."""
-    if not gaps:
-        return None
-    expected = min(gaps)
-    if expected < MIN_TIMED_GAP_S:
-        return None
-    return expected - min(max(expected * LEAD_SHARE, MIN_LEAD_S), MAX_LEAD_S)
-
-
-def _common(request: dict[str, Any]) -> dict[str, Any]:
-    return {"model": request.get("model")} | {
-        field: request[field] for field in RENDER_FIELDS if request.get(field) is not None
-    }
-
-
-def _extra(request: dict[str, Any], priority: int) -> dict[str, Any]:
-    extra: dict[str, Any] = {}
-    if request.get("cache_salt") is not None:
-        extra["cache_salt"] = request["cache_salt"]
-    if priority:
-        extra["priority"] = priority
-    return extra
-
-
-def tokenize_body(request: dict[str, Any], messages: Sequence[Any]) -> dict[str, Any]:
-    """The /tokenize request for the rendered conversation, without a generation prompt."""
-    return _common(request) | {
-        "messages": list(messages),
-        "add_generation_prompt": False,
-        "continue_final_message": False,
-    }
-
-
-def completion_body(request: dict[str, Any], tokens: Sequence[int], priority: int) -> dict:
-    return {"model": request.get("model"), "prompt": list(tokens), "max_tokens": 1} | _extra(
-        request, priority
-    )
-
-
-def chat_body(request: dict[str, Any], messages: Sequence[Any], priority: int) -> dict:
-    """The fallback: a chat completion of the same prompt, one token long."""
-    return (
-        _common(request)
-        | {"messages": list(messages), "add_generation_prompt": False, "max_tokens": 1}
-        | {"stream": False}
-        | _extra(request, priority)
-    )
-
-
-def route_missing(status: int, body: bytes) -> bool:
-    """A 404/405 from the router (FastAPI's ``{"detail": ...}``), not an OpenAI error such
-    as vLLM's 404 for an unknown model."""
-    if status not in (404, 405):
-        return False
-    try:
-        payload = jsonio.loads(body)
-    except jsonio.InvalidJSON:
-        return True
-    return not (isinstance(payload, dict) and "error" in payload)
+RECOMPUTE_BLOCKS = 4  # warm-ups that computed this many blocks count as recomputing
+RECOMPUTE_WEIGHT = 0.2  # of the newest one in the moving average of their durations
 
 
 class WarmupFailed(Exception):
@@ -215,6 +73,7 @@ class _Job:
     session: Session | None = None
     touched: float = 0.0  # the session's last use when the job was made
     delay: float | None = None  # then warm again this many seconds later (timed)
+    window: float = 0.0  # and until this many seconds after that (the client's return)
     tokens: list[int] | None = None  # the rendered prompt, once /tokenize said
     too_short: bool = False
 
@@ -262,6 +121,9 @@ class Warmer:
         self._paces: collections.OrderedDict[str, _Pace] = collections.OrderedDict()
         self._max_paces = settings.session_max
         self._token_route = True  # /tokenize and /v1/completions served (until a 404)
+        # How long recent warm-ups took that recomputed evicted blocks (moving average):
+        # the engine's speed, which the timed warm-up's lead must leave room for.
+        self._recompute_s = 0.0
 
     @property
     def block_size(self) -> int:
@@ -279,6 +141,7 @@ class Warmer:
             pace.replied_at = None
             return
         pace.replied_at = self._clock()
+        delay = warm_delay(pace.gaps, self._recompute_s)
         job = _Job(
             turn.request,
             [*turn.forwarded_messages, reply],
@@ -287,7 +150,8 @@ class Warmer:
             "tool_calls",
             turn.session,
             turn.session.touched,
-            delay=warm_delay(pace.gaps),
+            delay=delay,
+            window=min(pace.gaps) - delay if delay is not None else 0.0,
         )
         self._start(job)
 
@@ -352,34 +216,47 @@ class Warmer:
 
     async def _run(self, job: _Job, *, now: bool) -> None:
         if now:
-            await self._attempt(job)
+            await self._attempt(job, engine_checked=False)
         if job.delay is None or job.too_short:
             return
         await self._sleep(job.delay)
-        if job.session is not None and job.session.touched != job.touched:
-            self._metrics.warmups_skipped.labels("client_back").inc()
-            return
         job.trigger = "tool_calls_timed"
-        reason = self._skip_reason()
-        if reason is not None:
-            self._metrics.warmups_skipped.labels(reason).inc()
-            return
+        # Until the client is expected back, a busy moment is waited out, not a reason to
+        # give the warm-up up: vLLM counts a request as waiting until its next scheduler
+        # step, so under load one reading often catches one in passing.
+        waited = 0.0
+        while True:
+            if job.session is not None and job.session.touched != job.touched:
+                self._metrics.warmups_skipped.labels("client_back").inc()
+                return
+            reason = self._skip_reason() or await self._engine_busy()
+            if reason is None:
+                break
+            if waited + RETRY_S > job.window:
+                self._metrics.warmups_skipped.labels(reason).inc()
+                return
+            await self._sleep(RETRY_S)
+            waited += RETRY_S
         self._sending.add(job.session_key)
-        await self._attempt(job)
+        await self._attempt(job, engine_checked=True)
 
-    async def _attempt(self, job: _Job) -> None:
+    async def _engine_busy(self) -> str | None:
+        status = await self._monitor.fresh(STATUS_MAX_AGE_S)
+        return "engine_busy" if engine_busy(self._limits, status.waiting) else None
+
+    async def _attempt(self, job: _Job, *, engine_checked: bool) -> None:
         """One warm-up, unless the engine queues requests; counted whatever happens. The
         caller took the session's slot; this gives it back."""
         try:
+            reason = None if engine_checked else await self._engine_busy()
+            if reason is not None:
+                self._metrics.warmups_skipped.labels(reason).inc()
+                return
             await self._warm(job)
         finally:
             self._sending.discard(job.session_key)
 
     async def _warm(self, job: _Job) -> None:
-        status = await self._monitor.fresh(STATUS_MAX_AGE_S)
-        if status.waiting is not None and status.waiting > self._limits.max_waiting:
-            self._metrics.warmups_skipped.labels("engine_busy").inc()
-            return
         started = time.perf_counter()
         try:
             async with asyncio.timeout(TIMEOUT_S):
@@ -393,11 +270,15 @@ class Warmer:
             return
         if usage is None:  # skipped once the prompt's length was known
             return
+        duration = time.perf_counter() - started
         self._metrics.warmups.labels(job.trigger, "ok").inc()
-        self._metrics.warmup_duration.observe(time.perf_counter() - started)
+        self._metrics.warmup_duration.observe(duration)
         counts = token_counts(usage)
-        if counts is not None:
-            self._metrics.warmup_tokens.inc(max(counts[0] - counts[1], 0))
+        computed = max(counts[0] - counts[1], 0) if counts is not None else 0
+        self._metrics.warmup_tokens.inc(computed)
+        if computed >= RECOMPUTE_BLOCKS * self.block_size:
+            previous = self._recompute_s or duration
+            self._recompute_s = previous + (duration - previous) * RECOMPUTE_WEIGHT
 
     async def _send(self, job: _Job) -> dict[str, Any] | None:
         """Send the warm-up; its usage (possibly empty), or None when it was skipped."""

@@ -1,0 +1,95 @@
+"""When to warm, and when not: pure decisions over numbers the warmer gathers.
+
+When: right after the reply, and again shortly before the client is expected back, for a
+session whose earlier tool rounds say when that is (``warm_delay``: the shortest of its
+last rounds, less a lead of a tenth of it within 0.2-2 s, or as long as recent warm-ups
+that recomputed evicted blocks took, at most half the round).
+
+Why the second one, measured on the simulator replaying the dev traces with a KV cache
+smaller than the sessions' working set (tests/benchmarks/warmup.py): the warm-up right
+after the reply alone changed nothing (TTFT p50 of the steps after tool calls 0.8-1.2x):
+those blocks were just computed, are the most recently used, and LRU evicts them during
+the tool round all the same. The second one touches (or recomputes) them when they are
+about to be needed. With 24 sessions, 5 s tool rounds and 40k tokens of KV, two runs:
+steps that lost their prefix 174-175 -> 47-57 of 320, TTFT p50 2.1-2.7x lower, p90 lower
+too, engine prefill +6-7%. A lead of a tenth of the round lost fewer prefixes than a
+quarter (67 vs 76 of 320 at 3 s rounds): the earlier, the likelier its blocks are evicted
+again. The first warm-up stays: it is nearly free (its blocks are cached) and covers what
+the reply's decode did not (proxy.warmup.shape).
+
+Bounds: one warm-up in flight per session, ``warmup_max_inflight`` in all; none while the
+engine queues more than ``warmup_max_waiting`` requests (its ``/metrics``, read in the
+background: proxy.engine) or the proxy has more than ``warmup_max_proxy_inflight`` in
+flight. A timed warm-up that finds no room waits for it (``RETRY_S`` at a time) until the
+client is due, rather than giving up: vLLM counts a request as waiting until its next
+scheduler step, so under load one reading often catches one in passing. Giving up at once,
+a run skipped 129 warm-ups as engine_busy and came out at 1.8x; waiting, 50-56 (2.1-2.7x).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from proxy.config import Settings
+
+# The timed warm-up: how much earlier than the client's expected return, and the tool
+# rounds it is worth it for. Tuned on tests/benchmarks/warmup.py.
+LEAD_SHARE = 0.1
+MIN_LEAD_S = 0.2
+MAX_LEAD_S = 2.0
+MIN_TIMED_GAP_S = 1.0
+RECOMPUTE_LEAD = 1.0  # lead at least as long as recent recomputing warm-ups took
+GAPS_KEPT = 4  # recent tool rounds per session that the estimate looks at
+RETRY_S = 0.25  # a timed warm-up that finds no room tries again this much later
+TRIGGERS = ("tool_calls", "tool_calls_timed", "compaction")
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    max_inflight: int
+    max_waiting: int
+    max_proxy_inflight: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(
+            settings.warmup_max_inflight,
+            settings.warmup_max_waiting,
+            settings.warmup_max_proxy_inflight,
+        )
+
+
+def skip_reason(
+    limits: Limits, *, session_busy: bool, warming: int, proxy_in_flight: float
+) -> str | None:
+    """Why a warm-up must not go now as far as the proxy can tell, or None. Judged on the
+    request's task, from numbers held in memory."""
+    if session_busy:
+        return "session_busy"
+    if warming >= limits.max_inflight:
+        return "global_cap"
+    if proxy_in_flight > limits.max_proxy_inflight:
+        return "proxy_busy"
+    return None
+
+
+def engine_busy(limits: Limits, waiting: int | None) -> bool:
+    """Whether the engine queues more requests than warm-ups may add to. One that does not
+    say (``None``: not vLLM, no metrics) is taken as idle."""
+    return waiting is not None and waiting > limits.max_waiting
+
+
+def warm_delay(gaps: Sequence[float], recompute_s: float = 0.0) -> float | None:
+    """Seconds after a tool-call reply to warm its prefix a second time, just before the
+    client is expected back: the shortest of its recent tool rounds, less a lead (a tenth
+    of the round within 0.2-2 s, or longer where recent warm-ups that recomputed evicted
+    blocks took ``recompute_s``, but never half the round). None without history or when
+    the client comes back too soon for it to matter."""
+    if not gaps:
+        return None
+    expected = min(gaps)
+    if expected < MIN_TIMED_GAP_S:
+        return None
+    lead = max(min(expected * LEAD_SHARE, MAX_LEAD_S), MIN_LEAD_S, RECOMPUTE_LEAD * recompute_s)
+    return expected - min(lead, expected / 2)
