@@ -229,7 +229,9 @@ class Warmer:
             if job.session is not None and job.session.touched != job.touched:
                 self._metrics.warmups_skipped.labels("client_back").inc()
                 return
-            reason = self._skip_reason() or await self._engine_busy()
+            # The engine first: the proxy's own check and taking the slot then happen
+            # with no await in between, so the cap holds.
+            reason = await self._engine_busy() or self._skip_reason()
             if reason is None:
                 break
             if waited + RETRY_S > job.window:
