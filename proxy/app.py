@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
 import httpx
@@ -58,16 +59,29 @@ def create_app(
         disabled=settings.disabled_rewrites,
     )
     detector = VolatileDetector(settings.volatile_patterns)
-    tracker = compactor = None
+    tracker = compactor = summarizer = warmer = None
     if settings.sessions:
         store = MemoryStore(settings.session_max, settings.session_ttl)
         tracker = SessionTracker(store, detector, metrics)
         warmer = Warmer(settings, upstream, metrics)
         if settings.compaction:
-            compactor = Compactor()
+            if settings.summarizer_url:
+                summarizer = Upstream(
+                    dataclasses.replace(settings, upstream=settings.summarizer_url)
+                )
+            compactor = Compactor(
+                settings,
+                upstream,
+                metrics,
+                summarizer=summarizer,
+                mask=detector.mask,
+                warmer=warmer,
+            )
+        # Compaction first: when it decides the next event early it warms that prompt, and
+        # the warm-up of the uncompacted one is then skipped (one per session).
         tracker.listeners = [
             listener
-            for listener in (RoundTrips(metrics), warmer, compactor)
+            for listener in (RoundTrips(metrics), compactor, warmer)
             if listener is not None
         ]
     fanout = (
@@ -82,7 +96,15 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tokens.provision(settings.tiktoken_cache_dir)
+        if compactor is not None:
+            compactor.sizer.message({})  # load the encoding now, not on a request
         yield
+        if compactor is not None:
+            compactor.close()
+        if warmer is not None:
+            await warmer.aclose()
+        if summarizer is not None:
+            await summarizer.aclose()
         await upstream.aclose()
 
     # No docs routes: /docs and /openapi.json must reach the upstream like any other path.

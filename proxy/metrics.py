@@ -270,14 +270,16 @@ class Metrics:
         # Speculative prefill (proxy.warmup)
         self.warmups = Counter(
             "prefill_proxy_warmups",
-            "Warm-up requests by outcome: ok, error.",
+            "Warm-up requests by trigger (tool_calls: right after a reply with tool calls; "
+            "tool_calls_timed: just before the client is expected back; compaction: a newly "
+            "compacted prompt) and outcome (ok, error).",
             ("trigger", "outcome"),
             registry=registry,
         )
         self.warmups_skipped = Counter(
             "prefill_proxy_warmups_skipped",
             "Warm-ups not sent, by reason (session_busy, global_cap, engine_busy, "
-            "proxy_busy, too_short, disabled).",
+            "proxy_busy, too_short, disabled, client_back: the client returned first).",
             ("reason",),
             registry=registry,
         )

@@ -10,7 +10,8 @@ computed prompt tokens (its own counter, warm-ups included) and what the warm-up
 
 The defaults (24 conversations at once, 5 s tool rounds, 40k tokens of KV where those 24
 hold ~60k: three shared system prompts and tools of ~4.3k, ~2k of their own on average)
-lose the prefix of about half the steps after tool calls without warm-ups. Steps whose computed tokens exceed COLD_TOKENS count as prefix lost.
+lose the prefix of about half the steps after tool calls without warm-ups. Steps whose
+computed tokens exceed COLD_TOKENS count as prefix lost.
 """
 
 from __future__ import annotations

@@ -84,8 +84,6 @@ def test_the_engines_overflow_error_reaches_the_client_and_is_counted(
     assert proxy.sample("prefill_proxy_compaction_fallbacks_total", reason="too_long") == 1
 
 
-
-
 def test_an_overflow_on_the_simulator_is_counted(start_proxy: Any) -> None:
     """The simulator refuses like vLLM does when max_tokens is given ('maximum context
     length is ...'): that is recognised too."""
