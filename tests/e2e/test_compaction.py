@@ -51,6 +51,8 @@ def test_a_long_session_compacts_under_the_high_watermark_with_a_stable_prefix()
     assert len(events) >= 3 and {step.compaction for step in events} <= {"summary", "elide"}
     assert proxy.total("prefill_proxy_compactions_total") == len(events)
     assert proxy.total("prefill_proxy_summaries_total") >= 1
+    # Events decided after a reply (its summary ready) had their prompt warmed at once.
+    assert proxy.total("prefill_proxy_warmups_total", trigger="compaction", outcome="ok") >= 1
 
     between = [s for s in run.steps[1:] if not s.compaction]
     prompt = sum(s.prompt_tokens or 0 for s in between)
