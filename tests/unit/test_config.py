@@ -94,3 +94,15 @@ def test_readme_configuration_table_lists_every_setting() -> None:
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     for name, env, _default, _help in config.reference_rows():
         assert f"`{env}`" in readme, textwrap.shorten(f"README lacks {name}", 80)
+
+
+def test_readme_metrics_table_lists_every_metric() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from proxy.metrics import Metrics
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    metrics = Metrics(CollectorRegistry())
+    for family in metrics.registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"`{name}`" in readme, f"README's metrics table lacks {name}"
