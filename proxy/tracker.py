@@ -30,7 +30,8 @@ class Turn:
     # The pipeline's messages, one per client message (compaction may shorten the above).
     rewritten_messages: list[Any] | None = None
     # The whole request as it went upstream, and the client's credentials for follow-up
-    # requests on its behalf (warm-up, summary): held for this request only, never stored.
+    # requests on its behalf (warm-up, summary): held in memory by this request and the
+    # follow-up tasks it starts, never put in the session store or logged.
     request: dict[str, Any] = dataclasses.field(default_factory=dict)
     credentials: tuple[tuple[bytes, bytes], ...] = ()
     tools: Any = None
