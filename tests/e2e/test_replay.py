@@ -240,8 +240,9 @@ def test_evicted_blocks_are_told_apart_from_a_rewritten_history(start_proxy) -> 
         config = SimConfig(speed=1000.0, capacity_tokens=capacity, max_model_len=16_000)
         with serve(create_sim_app(config)) as engine:
             # The longest of these reach 12k tokens: no compaction at this 16k context, which
-            # would break prefixes on purpose (and count them as such).
-            proxy = start_proxy(engine, compaction=False)
+            # would break prefixes on purpose (and count them as such); no warm-ups, which
+            # bring evicted blocks back (what this test must see is the eviction).
+            proxy = start_proxy(engine, compaction=False, warmup=False)
 
             async def run() -> dict:
                 async with make_client(8, 60) as http:

@@ -492,7 +492,9 @@ async def test_a_timed_warmup_waits_out_a_busy_engine_until_the_client_is_due(en
         if seconds == RETRY_S:  # the engine drains before the retry
             engine.gate.metrics = b'vllm:num_requests_waiting{engine="0"} 0.0\n'
             scrapes = engine.gate.paths.count("/metrics")
-            await _until(lambda: engine.gate.paths.count("/metrics") > scrapes)
+            # The poller reads one scrape at a time: once a second one has started, the
+            # first one after the drain has been read and stored.
+            await _until(lambda: engine.gate.paths.count("/metrics") > scrapes + 1)
 
     direct = Direct(engine, sleep)
     messages, reply, _ = aligned_step(engine, "waited")
