@@ -23,10 +23,8 @@ event now and warm the compacted prompt in the engine while the client runs its 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -34,10 +32,10 @@ from proxy import tokens
 from proxy.compaction import plan
 from proxy.compaction.budget import Budget, ContextLimits, Sizer
 from proxy.compaction.state import Compaction, View, find_cut, view
+from proxy.compaction.summaries import Pending, Summaries
 from proxy.compaction.summarizer import (
     in_context_request,
     key_facts,
-    summarize,
     summary_message,
     summary_request,
 )
@@ -52,8 +50,6 @@ log = logging.getLogger("prefill_proxy.compaction")
 # Prompts shorter than this (about 4 characters a token) are never compacted, whatever
 # the model: every model served has a longer context.
 NEVER_COMPACTED = 1024
-# A failed summary is not asked for again for this long (per session).
-RETRY_S = 30.0
 # Estimate-to-engine ratios outside this range are ignored (a reply from another model).
 RATIO_RANGE = (0.5, 3.0)
 
@@ -66,18 +62,6 @@ class Warmer(Protocol):
         session_key: str,
         trigger: str = "compaction",
     ) -> None: ...
-
-
-@dataclasses.dataclass
-class Pending:
-    """A summary being written in the background."""
-
-    task: asyncio.Task[str]
-    base: bytes | None  # the cut it extends (the state's cut_key when it started)
-    cut_key: bytes  # key of the last message it covers
-    cut_index: int
-    facts: list[str]
-    started: float
 
 
 @dataclasses.dataclass
@@ -104,16 +88,14 @@ class Compactor:
     ) -> None:
         self.settings = settings
         self.limits = ContextLimits(settings, upstream)
-        self.summarizer = summarizer or upstream
         # The upstream summarizes the conversation as it has it cached; another engine gets
         # a transcript (proxy.compaction.summarizer).
         self.in_context = summarizer is None
+        self.summaries = Summaries(settings, summarizer or upstream, metrics)
         self.metrics = metrics
         self.mask = mask
         self.warmer = warmer
         self._sizer: Sizer | None = None  # tiktoken is provisioned at start-up, not here
-        self._pending: dict[str, Pending] = {}
-        self._failed: dict[str, float] = {}
 
     @property
     def sizer(self) -> Sizer:
@@ -123,9 +105,7 @@ class Compactor:
 
     def close(self) -> None:
         """Cancel the summaries still being written (at shutdown)."""
-        for pending in self._pending.values():
-            pending.task.cancel()
-        self._pending.clear()
+        self.summaries.close()
 
     # -- per request ---------------------------------------------------------------------
 
@@ -149,7 +129,7 @@ class Compactor:
         cut = find_cut(state, snap.keys)
         if cut is None:  # the client changed the folded part: what was folded is gone
             state = session.compaction = Compaction(sizes=state.sizes, ratio=state.ratio)
-            self._pending.pop(session.key, None)
+            self.summaries.drop(session.key)
             cut = 0
         current = self._view(state, snap, cut)
         estimate = self._estimate(current, snap, state)
@@ -166,8 +146,8 @@ class Compactor:
                 return request
             if after >= estimate:  # nothing gained: keep the prefix the engine has cached
                 return self._with(request, current)
-            self._commit(session, new, kind, fallback or (reason if kind == "fallback" else ""))
-            self._observe_event(kind, estimate, after)
+            fallback = fallback or (reason if kind == "fallback" else "")
+            self._commit(session, new, kind, fallback, estimate, after)
             exchange.compaction = kind
             state, current = new, compacted
         else:
@@ -210,8 +190,8 @@ class Compactor:
         """If the next request will cross the high watermark and its summary is ready,
         make the event now and warm its prompt: the client is busy with its tools."""
         limit = self.limits.known(str(turn.request.get("model") or ""))
-        pending = self._pending.get(turn.session.key)
-        if limit is None or pending is None or not _succeeded(pending.task):
+        pending = self.summaries.get(turn.session.key)
+        if limit is None or pending is None or not pending.succeeded:
             return
         budget = Budget.of(limit, self.settings)
         if predicted <= budget.high:
@@ -236,8 +216,7 @@ class Compactor:
         new.unreported = kind
         if kind == "summary":  # ready before it was needed
             self.metrics.summaries.labels("on_time").inc()
-        self._commit(turn.session, new, kind, "")
-        self._observe_event(kind, before, after)
+        self._commit(turn.session, new, kind, "", before, after)
         warm = {**turn.request, "messages": compacted.messages}
         self.warmer.warm(warm, turn.credentials, turn.session.key, "compaction")  # type: ignore[union-attr]
 
@@ -358,44 +337,14 @@ class Compactor:
         request: dict[str, Any],
     ) -> tuple[Pending | None, str]:
         """The summary for an event now: (ready summary or None, fallback reason)."""
-        pending = self._valid_pending(turn.session.key, state, snap)
-        if pending is None:
-            pending = self._start_summary(state, snap, budget, cut, turn, request)
+        key = turn.session.key
+        pending = self._start_summary(state, snap, budget, cut, turn, request)
         if pending is None:
             return None, "summary_failed"
-        outcome = "on_time"
-        if not pending.task.done():
-            waited = time.perf_counter()
-            try:
-                await asyncio.wait_for(asyncio.shield(pending.task), self.settings.summary_wait)
-                outcome = "late"
-            except TimeoutError:
-                outcome = "missing"
-            except Exception:  # it ended in an error: read from the task below
-                outcome = "late"
-            self.metrics.compaction_wait.observe(time.perf_counter() - waited)
-        if outcome != "missing" and not _succeeded(pending.task):
-            outcome = "failed"
-            self._pending.pop(turn.session.key, None)
-        self.metrics.summaries.labels(outcome).inc()
+        outcome = await self.summaries.wait(key, pending)
         if outcome in ("on_time", "late"):
             return pending, ""
         return None, "summary_late" if outcome == "missing" else "summary_failed"
-
-    def _valid_pending(self, key: str, state: Compaction, snap: Snapshot) -> Pending | None:
-        pending = self._pending.get(key)
-        if pending is None:
-            return None
-        index = pending.cut_index - 1
-        if (
-            pending.base != state.cut_key
-            or index >= len(snap.keys)
-            or snap.keys[index] != pending.cut_key
-        ):
-            self._pending.pop(key, None)
-            pending.task.cancel()
-            return None
-        return pending
 
     def _start_summary(
         self,
@@ -406,12 +355,12 @@ class Compactor:
         turn: Any,
         request: dict[str, Any],
     ) -> Pending | None:
+        """The session's summary of the turns before the window: the one being written,
+        or a new one."""
         key = turn.session.key
-        if self._valid_pending(key, state, snap) is not None:
-            return self._pending[key]
-        failed_at = self._failed.get(key)
-        if failed_at is not None and time.monotonic() - failed_at < RETRY_S:
-            return None
+        pending = self.summaries.valid(key, state.cut_key, snap.keys)
+        if pending is not None or not self.summaries.may_start(key):
+            return pending
         floor = max(cut, snap.head)
         end = plan.window_start(snap.sizes, snap.messages, floor, self._window(budget, snap, state))
         if end <= floor:
@@ -425,39 +374,15 @@ class Compactor:
             ask = in_context_request({**request, "model": model}, prefix, cap)
         else:
             ask = summary_request(model, state.summary, folded, cap)
-        task = asyncio.create_task(self._summarize(key, ask, turn.credentials))
-        task.add_done_callback(_retrieve)
-        if len(self._pending) >= self.settings.session_max:  # sessions the store dropped
-            oldest = next(iter(self._pending))
-            self._pending.pop(oldest).task.cancel()
-        if len(self._failed) >= self.settings.session_max:
-            self._failed.clear()
-        pending = Pending(
-            task,
+        return self.summaries.start(
+            key,
+            ask,
+            turn.credentials,
             base=state.cut_key,
             cut_key=snap.keys[end - 1],
             cut_index=end,
             facts=key_facts(folded, previous=state.facts),
-            started=time.monotonic(),
         )
-        self._pending[key] = pending
-        return pending
-
-    async def _summarize(self, key: str, request: dict[str, Any], credentials: RawHeaders) -> str:
-        started = time.perf_counter()
-        try:
-            text = await summarize(
-                self.summarizer,
-                request,
-                credentials=credentials,
-                timeout=self.settings.summary_timeout,
-            )
-        except Exception as exc:
-            log.warning("summary failed: %s", exc)
-            self._failed[key] = time.monotonic()
-            raise
-        self.metrics.summary_latency.observe(time.perf_counter() - started)
-        return text
 
     # -- bookkeeping ---------------------------------------------------------------------
 
@@ -476,38 +401,29 @@ class Compactor:
     def _estimate(self, current: View, snap: Snapshot, state: Compaction) -> int:
         return int((sum(current.sizes) + snap.tools_tokens) * state.ratio)
 
-    def _commit(self, session: Any, new: Compaction, kind: str, fallback: str) -> None:
+    def _commit(
+        self, session: Any, new: Compaction, kind: str, fallback: str, before: int, after: int
+    ) -> None:
+        """Make ``new`` the session's compaction: an event of ``kind`` (counted, logged)."""
         old = session.compaction
         session.compaction = new
-        pending = self._pending.get(session.key)
-        if pending is not None and pending.base != new.cut_key:
-            if new.cut_key != pending.cut_key or not _succeeded(pending.task):
-                pending.task.cancel()
-            self._pending.pop(session.key, None)
+        self.summaries.settled(session.key, new.cut_key)
         if fallback:
             self.metrics.compaction_fallbacks.labels(fallback).inc()
+        before_elided = old.elided.keys() if isinstance(old, Compaction) else set()
+        elided = len(new.elided.keys() - before_elided)
         log.info(
-            "compaction %s: session event %d, %d tool results elided",
+            "compaction %s: event %d of the session, about %d -> %d prompt tokens, "
+            "%d tool results elided",
             kind,
             new.events,
-            len(new.elided) - (len(old.elided) if isinstance(old, Compaction) else 0),
+            before,
+            after,
+            elided,
         )
-
-    def _observe_event(self, kind: str, before: int, after: int) -> None:
-        log.info("compaction %s: about %d -> %d prompt tokens", kind, before, after)
         self.metrics.compactions.labels(kind).inc()
         self.metrics.compaction_tokens_removed.inc(max(before - after, 0))
         self.metrics.compacted_prompt_tokens.observe(after)
-
-
-def _succeeded(task: asyncio.Task[str]) -> bool:
-    return task.done() and not task.cancelled() and task.exception() is None
-
-
-def _retrieve(task: asyncio.Task[str]) -> None:
-    """Mark a failed summary's error as seen (it was logged and counted when it failed)."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _rough_tokens(messages: list[Any]) -> int:

@@ -135,9 +135,9 @@ async def replay(messages: list[dict[str, Any]], finish: list[bool]) -> list[lis
         )
         exchange.status, exchange.reply = 200, reply
         tracker.close(turn, exchange)
-        pending = list(compactor._pending.values())
-        if pending and finish[step % len(finish)]:
-            await asyncio.gather(*(p.task for p in pending), return_exceptions=True)
+        running = compactor.summaries.running()
+        if running and finish[step % len(finish)]:
+            await asyncio.gather(*running, return_exceptions=True)
     compactor.close()
     await upstream.aclose()
     return forwarded

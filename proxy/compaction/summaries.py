@@ -1,0 +1,154 @@
+"""Summaries being written in the background: one per session at most, each tied to the
+part of the conversation it covers, waited for (bounded) when an event needs it.
+
+What to summarize is the compactor's decision; this module only runs the requests, keeps
+their tasks, and tells whether one is still good for the conversation as it is now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.compaction.summarizer import summarize
+from proxy.config import Settings
+from proxy.metrics import Metrics
+from proxy.upstream import RawHeaders, Upstream
+
+log = logging.getLogger("prefill_proxy.compaction")
+
+# A failed summary is not asked for again for this long (per session).
+RETRY_S = 30.0
+
+
+@dataclasses.dataclass
+class Pending:
+    """A summary being written in the background."""
+
+    task: asyncio.Task[str]
+    base: bytes | None  # the cut it extends (the state's cut_key when it started)
+    cut_key: bytes  # key of the last message it covers
+    cut_index: int
+    facts: list[str]
+
+    @property
+    def succeeded(self) -> bool:
+        task = self.task
+        return task.done() and not task.cancelled() and task.exception() is None
+
+
+class Summaries:
+    def __init__(self, settings: Settings, summarizer: Upstream, metrics: Metrics) -> None:
+        self._settings = settings
+        self._summarizer = summarizer
+        self._metrics = metrics
+        self._pending: dict[str, Pending] = {}
+        self._failed: dict[str, float] = {}
+
+    def get(self, key: str) -> Pending | None:
+        return self._pending.get(key)
+
+    def valid(self, key: str, base: bytes | None, keys: Sequence[bytes]) -> Pending | None:
+        """The session's summary if it extends ``base`` and covers messages this request
+        still has; a stale one is cancelled."""
+        pending = self._pending.get(key)
+        if pending is None:
+            return None
+        index = pending.cut_index - 1
+        if pending.base != base or index >= len(keys) or keys[index] != pending.cut_key:
+            self.drop(key)
+            return None
+        return pending
+
+    def may_start(self, key: str) -> bool:
+        """Not while one failed for this session a moment ago."""
+        failed_at = self._failed.get(key)
+        return failed_at is None or time.monotonic() - failed_at >= RETRY_S
+
+    def start(
+        self,
+        key: str,
+        request: dict[str, Any],
+        credentials: RawHeaders,
+        *,
+        base: bytes | None,
+        cut_key: bytes,
+        cut_index: int,
+        facts: list[str],
+    ) -> Pending:
+        task = asyncio.create_task(self._summarize(key, request, credentials))
+        task.add_done_callback(_retrieve)
+        if len(self._pending) >= self._settings.session_max:  # sessions the store dropped
+            self.drop(next(iter(self._pending)))
+        if len(self._failed) >= self._settings.session_max:
+            self._failed.clear()
+        pending = self._pending[key] = Pending(task, base, cut_key, cut_index, facts)
+        return pending
+
+    async def wait(self, key: str, pending: Pending) -> str:
+        """Wait up to ``summary_wait`` for ``pending``: on_time, late, missing or failed
+        (counted)."""
+        outcome = "on_time"
+        if not pending.task.done():
+            waited = time.perf_counter()
+            try:
+                await asyncio.wait_for(asyncio.shield(pending.task), self._settings.summary_wait)
+                outcome = "late"
+            except TimeoutError:
+                outcome = "missing"
+            except Exception:  # it ended in an error: read from the task below
+                outcome = "late"
+            self._metrics.compaction_wait.observe(time.perf_counter() - waited)
+        if outcome != "missing" and not pending.succeeded:
+            outcome = "failed"
+            self._pending.pop(key, None)
+        self._metrics.summaries.labels(outcome).inc()
+        return outcome
+
+    def settled(self, key: str, cut_key: bytes | None) -> None:
+        """The session's folded part now ends at ``cut_key``: a summary that does not
+        extend it is of no use any more (one that ended there was just used)."""
+        pending = self._pending.get(key)
+        if pending is not None and pending.base != cut_key:
+            if cut_key != pending.cut_key or not pending.succeeded:
+                pending.task.cancel()
+            self._pending.pop(key, None)
+
+    def running(self) -> list[asyncio.Task[str]]:
+        return [pending.task for pending in self._pending.values()]
+
+    def drop(self, key: str) -> None:
+        pending = self._pending.pop(key, None)
+        if pending is not None:
+            pending.task.cancel()
+
+    def close(self) -> None:
+        """Cancel the summaries still being written (at shutdown)."""
+        for key in list(self._pending):
+            self.drop(key)
+
+    async def _summarize(self, key: str, request: dict[str, Any], credentials: RawHeaders) -> str:
+        started = time.perf_counter()
+        try:
+            text = await summarize(
+                self._summarizer,
+                request,
+                credentials=credentials,
+                timeout=self._settings.summary_timeout,
+            )
+        except Exception as exc:
+            log.warning("summary failed: %s", exc)
+            self._failed[key] = time.monotonic()
+            raise
+        self._metrics.summary_latency.observe(time.perf_counter() - started)
+        return text
+
+
+def _retrieve(task: asyncio.Task[str]) -> None:
+    """Mark a failed summary's error as seen (it was logged and counted when it failed)."""
+    if not task.cancelled():
+        task.exception()
