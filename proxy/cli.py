@@ -42,11 +42,20 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def setup_logging(level: str) -> None:
+    """Diagnostics on stderr; the access log on stdout, one bare JSON object a line, so a
+    log collector (a container's stdout) parses it without a prefix."""
     logging.basicConfig(
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
+    access = logging.getLogger("prefill_proxy.access")
+    if access.handlers:
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.propagate = False
 
 
 def build_parser() -> argparse.ArgumentParser:

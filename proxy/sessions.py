@@ -1,8 +1,9 @@
 """Sessions: which conversation a request belongs to, and what the proxy keeps about it.
 
-No agent client sends a session id (shared/FACTS.md), so the usual key is a fingerprint of
-the conversation's stable head: the system prompt without its volatile values, the tools
-in canonical form, and the first user message, which usually states the task.
+No agent client sends a session id (none of those tests/e2e/test_clients.py drives), so
+the usual key is a fingerprint of the conversation's stable head: the system prompt
+without its volatile values, the tools in canonical form, and the first user message,
+which usually states the task.
 Conversations that share all three share a session; that is harmless, because what a
 session holds is keyed by the conversation's own chained message keys (proxy.transcript).
 """

@@ -2,7 +2,7 @@
 
 One shared ``httpx.AsyncClient`` on an aiohttp transport (``httpx-aiohttp``): httpx's API,
 aiohttp's HTTP/1.1 machinery, which costs about a quarter of the CPU per proxied request
-of httpx's own pure-Python transport (shared/FACTS.md; our benchmark re-measures it).
+of httpx's own pure-Python transport (tests/benchmarks/overhead.py measures it).
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ bash tests/vllm/install.sh
 "${PREFILL_PROXY_VLLM_VENV:-$HOME/.cache/prefill-proxy/vllm-venv}/bin/python" tests/vllm/build_model.py
 "${PREFILL_PROXY_VLLM_VENV:-$HOME/.cache/prefill-proxy/vllm-venv}/bin/python" tests/vllm/build_smollm.py
 
+echo "== podman, runc, debootstrap, prometheus for the deploy tests (Debian packages, when missing)"
+bash tests/deploy/install_tools.sh
+
 echo "== lint"
 .venv/bin/ruff check proxy tests
 .venv/bin/mypy proxy

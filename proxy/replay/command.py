@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from proxy.replay.profiles import PROFILES, TRIM_TOKENS
+from proxy.replay.traces import BUNDLED, locate
 
 if TYPE_CHECKING:
     from proxy.replay.benchmark import Config
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 DESCRIPTION = """Replay agent conversations step by step against an OpenAI-compatible
 server and measure, per step, prompt tokens, cached tokens (usage.prompt_tokens_details),
 time to first token and end-to-end time. Each step sends the recorded history (see
-shared/traces/README.md), streamed with usage, and the recorded answer in the extension
+proxy/replay/bundled/README.md), streamed with usage, and the recorded answer in the extension
 field x_replay_reply (the simulator streams it back; vLLM ignores it). Exit status: 0 all
 steps succeeded, 1 some failed, 2 the replay could not run."""
 
@@ -50,7 +51,14 @@ def _seconds(text: str) -> float:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--traces", type=Path, metavar="FILE", help="JSONL agent traces")
+    source.add_argument(
+        "--traces",
+        type=locate,
+        metavar="FILE",
+        help="JSONL agent traces: a path, or the name of a bundled set ("
+        + ", ".join(sorted(BUNDLED))
+        + ": 60 real tau-bench conversations, 688 model calls)",
+    )
     source.add_argument(
         "--synthetic",
         type=_positive_int,

@@ -117,7 +117,7 @@ def reserialized_args(prompt: Prompt, conversation: str, step: int) -> Prompt:
     Frameworks parse the model's arguments into objects and serialize them again when
     they send the history back. LangChain (langchain-openai) uses ``json.dumps``: it sends
     ``{"city": "Paris"}`` where the model emitted ``{"city":"Paris"}`` (measured here,
-    shared/FACTS.md). The Vercel AI SDK (@ai-sdk/openai-compatible,
+    tests/e2e/test_clients.py). The Vercel AI SDK (@ai-sdk/openai-compatible,
     convert-to-openai-compatible-chat-messages.ts) sends ``JSON.stringify(part.input)``:
     compact. The recorded traces hold both styles (tau2: json.dumps; tau-bench gpt-4o:
     mostly compact), so each argument string is sent in the style it was not emitted in
@@ -151,7 +151,7 @@ def dropped_reasoning(prompt: Prompt, conversation: str, step: int) -> Prompt:
     reasoner guide: previous rounds' CoT is not concatenated into the context; input
     messages carrying it are rejected), and LangChain's ChatOpenAI does not serialize it
     into the request. Qwen3-style chat templates do the same at render time (they drop
-    ``<think>`` from turns before the last user message, shared/FACTS.md). The recorded
+    ``<think>`` from turns before the last user message). The recorded
     traces carry no reasoning, so on them this profile changes nothing (``notes`` says so).
     """
     messages = [

@@ -24,7 +24,7 @@ def sampling(request: Mapping[str, Any], *, has_tools: bool) -> dict[str, Any]:
         if key in _OWN_FIELDS or value is None:  # None: the agent left it unset
             continue
         if key == "parallel_tool_calls" and value is False:
-            continue  # vLLM then drops every tool call after the first (shared/FACTS.md)
+            continue  # vLLM then drops every tool call after the first (vLLM source)
         if key == "tool_choice" and not has_tools:
             continue  # engines reject a tool choice without tools
         params[key] = value

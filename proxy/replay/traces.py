@@ -1,6 +1,6 @@
-"""Agent traces: read the JSONL format of shared/traces and enumerate the requests to replay.
+"""Agent traces: read the JSONL trace format and enumerate the requests to replay.
 
-Semantics (shared/traces/README.md): for each assistant message k not listed in
+Semantics (proxy/replay/bundled/README.md): for each assistant message k not listed in
 ``meta.injected_assistant_idx``, the agent sent ``messages[:k]`` with ``tools`` and
 ``meta.request`` and the model answered ``messages[k]``. Messages after the last assistant
 message were never sent to the model.
@@ -15,9 +15,27 @@ from typing import Any
 
 from proxy import jsonio
 
+# Traces that ship with the package, by short name (`prefill-proxy replay --traces dev`).
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+BUNDLED = {"dev": BUNDLED_DIR / "dev.jsonl"}
+
 
 class TraceError(ValueError):
     """A trace line that is not a conversation in the expected format."""
+
+
+def bundled(name: str) -> Path:
+    """The path of a bundled trace file by its short name."""
+    return BUNDLED[name]
+
+
+def locate(name_or_path: str | Path) -> Path:
+    """A trace file given as a path, or as the short name of a bundled one (a file of that
+    name in the working directory wins)."""
+    path = Path(name_or_path)
+    if not path.exists() and str(name_or_path) in BUNDLED:
+        return BUNDLED[str(name_or_path)]
+    return path
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ tests/e2e/test_warmup_vllm.py keeps checking them):
   re-rendering of it (tojson arguments), which is why a warm-up pays even on an idle
   engine.
 - ``max_tokens: 1`` (vLLM rejects 0); the request's ``cache_salt`` (the same tenant's
-  blocks); ``priority`` only when configured (shared/FACTS.md: vLLM refuses it without
+  blocks); ``priority`` only when configured (vLLM refuses it without
   ``--scheduling-policy priority``; 0.32's /v1/completions accepted it here, older ones
   do not).
 - Where ``/tokenize`` or ``/v1/completions`` is missing (404), a chat completion with

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from proxy.demo import simulator_and_proxy
-from proxy.replay import benchmark
+from proxy.replay import benchmark, traces
 from proxy.replay.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACES = ROOT.parent / "shared" / "traces" / "dev.jsonl"
+TRACES = traces.bundled("dev")
 
 
 def parse_args() -> argparse.Namespace:

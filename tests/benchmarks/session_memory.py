@@ -1,8 +1,9 @@
 """Memory the in-memory session store holds per session, measured on the real traces.
 
-Replays every step of ``../shared/traces/dev.jsonl`` through the proxy's session logic in
-process (lookup, rewrite pipeline, continuity, recording the reply, with the recorded
-answer as the reply) and measures the store with tracemalloc. Prints one table.
+Replays every step of the bundled dev traces (``proxy/replay/bundled/dev.jsonl``) through
+the proxy's session logic in process (lookup, rewrite pipeline, continuity, recording
+the reply, with the recorded answer as the reply) and measures the store with
+tracemalloc. Prints one table.
 
     .venv/bin/python -m tests.benchmarks.session_memory
 """
@@ -26,7 +27,7 @@ from proxy.rewrite.volatile import VolatileDetector
 from proxy.sessions import MemoryStore
 from proxy.tracker import SessionTracker
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces" / "dev.jsonl"
+TRACES = traces.bundled("dev")
 
 
 def main() -> None:

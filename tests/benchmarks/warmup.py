@@ -35,7 +35,7 @@ from proxy.replay.report import percentile
 from proxy.replay.runner import Options, Replayer, discover_model, make_client
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACES = ROOT.parent / "shared" / "traces" / "dev.jsonl"
+TRACES = traces.bundled("dev")
 COLD_TOKENS = 1024  # computed tokens beyond what a step's tool results usually take
 
 

@@ -61,15 +61,14 @@ def test_serve_command(fake_upstream, tmp_path: Path) -> None:
             assert client.post("/v1/chat/completions", content=b"x" * 6000).status_code == 413
     finally:
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=30)
+        stdout, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr
     assert fake_upstream.received[0].header("authorization") == f"Bearer {SECRET}"
-    assert SECRET not in stderr and PROMPT not in stderr
-    lines = [
-        json.loads(line.split(" ", 4)[4])
-        for line in stderr.splitlines()
-        if "prefill_proxy.access" in line
-    ]
+    for output in (stdout, stderr):
+        assert SECRET not in output and PROMPT not in output
+    # The access log is stdout, one bare JSON object a line; diagnostics stay on stderr.
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    assert "prefill_proxy.access" not in stderr
     assert [line["status"] for line in lines] == [200, 413]
     first = lines[0]
     assert first["route"] == "/v1/chat/completions" and first["model"] == "m"

@@ -17,7 +17,7 @@ What this can be trusted to show:
 
 What it cannot show: that the model's prose keeps facts or decisions. 135M parameters from
 Q4_1 weights: asked with a plain summary prompt it carries on the dialogue or repeats itself
-until the cap (shared/FACTS.md; pre-filling the reply, stop strings on role labels and a
+until the cap (measured here; pre-filling the reply, stop strings on role labels and a
 frequency penalty get it to one or two on-topic sentences, still without the ids). Which
 needed facts its own prose kept, and whether it named the decision the later steps rest on
 (reservation FQ8APE is the trip to change), is printed with -s, not asserted: a pass says

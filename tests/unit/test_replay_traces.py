@@ -1,4 +1,4 @@
-"""Step enumeration on the real traces (shared/traces/README.md, "Replay semantics")."""
+"""Step enumeration on the real traces (proxy/replay/bundled/README.md, "Replay semantics")."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from proxy.replay import traces
 
-# tests/unit/ -> tests/ -> the repository -> its parent, where shared/ sits beside the clone.
-DEV = Path(__file__).parents[3] / "shared" / "traces" / "dev.jsonl"
+# The dev traces ship inside the package (proxy/replay/bundled/), so a clone has them.
+DEV = traces.bundled("dev")
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +18,19 @@ def conversations() -> list[traces.Conversation]:
     return traces.load(DEV)
 
 
-def test_the_traces_are_found_beside_the_repository() -> None:
-    assert DEV.is_file(), f"expected shared/traces beside the repository: {DEV}"
+def test_the_traces_ship_inside_the_repository() -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert DEV.is_file() and DEV.resolve().is_relative_to(root), DEV
+    for name in ("LICENSE-tau-bench", "LICENSE-tau2-bench", "README.md"):
+        assert (DEV.parent / name).is_file(), name
+
+
+def test_a_short_name_locates_the_bundled_traces(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert traces.locate("dev") == DEV
+    (tmp_path / "dev").write_text("")  # a file of that name where the user runs wins
+    assert traces.locate("dev") == Path("dev")
+    assert traces.locate("other.jsonl") == Path("other.jsonl")
 
 
 def test_688_model_calls_in_60_conversations(conversations) -> None:

@@ -1,5 +1,5 @@
 """The synthetic conversations: deterministic, valid OpenAI conversations, shaped like the
-recorded traces (shared/traces/README.md), and none of their text."""
+recorded traces (proxy/replay/bundled/README.md), and none of their text."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Synthetic agent conversations, shaped like the recorded traces in shared/traces: a
+"""Synthetic agent conversations, shaped like the recorded traces in proxy/replay/bundled: a
 ~7k-character system prompt, 14 tools with JSON schemas, about 12 model calls (or as many
 as asked, for long sessions), some assistant messages with 2-3 parallel tool calls, tool
 results about a third of the content. Conversations alternate between two made-up support
