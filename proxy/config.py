@@ -162,8 +162,9 @@ class Settings:
     )
     tiktoken_cache_dir: str = _setting(
         "",
-        "Where tiktoken's encoding files live; empty: a folder under the user cache, "
-        "provisioned from the bpe-openai package.",
+        "Where tiktoken's encoding files live; empty: tiktoken's own `TIKTOKEN_CACHE_DIR` "
+        "(the image sets it) or a folder under the user cache, provisioned from the "
+        "bpe-openai package.",
     )
 
     def __post_init__(self) -> None:

@@ -30,7 +30,12 @@ CHARS_PER_TOKEN = 4
 
 
 def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "prefill-proxy" / "tiktoken"
+    """tiktoken's own ``TIKTOKEN_CACHE_DIR`` where set (the image bakes the encodings
+    there, for every command it runs), else a folder under the user cache."""
+    return Path(
+        os.environ.get("TIKTOKEN_CACHE_DIR")
+        or Path.home() / ".cache" / "prefill-proxy" / "tiktoken"
+    )
 
 
 def _cache_name(encoding: str) -> str:

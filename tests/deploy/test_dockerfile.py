@@ -74,7 +74,7 @@ def test_image_structure() -> None:
     assert dict(steps)["CMD"] == '["prefill-proxy", "serve"]'
     env = " ".join(args for kind, args in steps if kind == "ENV")
     assert "PREFILL_PROXY_HOST=0.0.0.0" in env
-    assert "PREFILL_PROXY_TIKTOKEN_CACHE_DIR=/" in env
+    assert "TIKTOKEN_CACHE_DIR=/" in env
 
 
 def test_constraints_pin_every_main_dependency_to_the_tested_version() -> None:
@@ -126,8 +126,7 @@ def test_provision_step_bakes_the_encodings(tmp_path: Path) -> None:
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PREFILL_PROXY_TIKTOKEN_CACHE_DIR": str(tmp_path),
-        "TIKTOKEN_CACHE_DIR": "",
+        "TIKTOKEN_CACHE_DIR": str(tmp_path),
     }
     result = subprocess.run(
         ["sh", "-c", steps[0]], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
