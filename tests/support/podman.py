@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pytest
+from tests.support.debian import require
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("PREFILL_PROXY_CACHE", Path.home() / ".cache" / "prefill-proxy"))
@@ -30,17 +30,6 @@ IMAGE = "localhost/prefill-proxy:test"
 TOOLS = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
 # Podman's default RLIMIT_NOFILE is refused inside this sandbox: no default ulimits.
 CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\n"
-
-
-def require(tools: dict[str, str]) -> None:
-    """Fail (never skip) naming the Debian packages to install when a tool is missing."""
-    missing = sorted({package for tool, package in tools.items() if shutil.which(tool) is None})
-    if missing:
-        pytest.fail(
-            f"missing {', '.join(missing)}: run `apt-get install {' '.join(missing)}` "
-            "(tests/run.sh does it when run as root)",
-            pytrace=False,
-        )
 
 
 @dataclasses.dataclass(frozen=True)
