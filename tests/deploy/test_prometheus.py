@@ -118,8 +118,22 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
             # Traffic starts after the first scrape and spans several, so rates see it grow.
             wait_until(served, 'sum(up{job=~"prefill-proxy|vllm"})', 2)
             replay = subprocess.run(
-                [sys.executable, "-m", "proxy", "replay", "--traces", "dev", "--limit", "4"]
-                + ["--concurrency", "2", "--tool-latency", "0.3", "--target", proxy_url],
+                [
+                    sys.executable,
+                    "-m",
+                    "proxy",
+                    "replay",
+                    "--traces",
+                    "dev",
+                    "--limit",
+                    "4",
+                    "--concurrency",
+                    "2",
+                    "--tool-latency",
+                    "0.3",
+                    "--target",
+                    proxy_url,
+                ],
                 capture_output=True,
                 text=True,
                 timeout=300,
