@@ -9,21 +9,26 @@ from collections.abc import AsyncIterator, Sequence
 import httpx
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
 
 from proxy import tokens
 from proxy.batching import RoundTrips
+from proxy.call import Services
+from proxy.chat import CHAT_ROUTE, ChatCall, ChatServices
 from proxy.compaction import Compactor
 from proxy.config import Settings
 from proxy.exchange import Recorder
 from proxy.fanout import FanoutGate
 from proxy.metrics import Metrics
+from proxy.passthrough import PassthroughCall
 from proxy.rewrite import Pipeline, Transform
 from proxy.rewrite.canonical_tools import canonical_tools
 from proxy.rewrite.restore import restore_history
 from proxy.rewrite.template_kwargs import pin_template_kwargs
 from proxy.rewrite.tool_batching import tool_batching
 from proxy.rewrite.volatile import VolatileDetector, move_volatile
-from proxy.routes import CHAT_ROUTE, Handlers
+from proxy.routes import Endpoint, ErrorBoundary, Probes, http_error
 from proxy.sessions import MemoryStore
 from proxy.tracker import SessionTracker
 from proxy.upstream import Upstream
@@ -53,6 +58,7 @@ def create_app(
     the metrics registry, ``transforms`` the rewrite pipeline."""
     registry = registry if registry is not None else CollectorRegistry()
     metrics = Metrics(registry, model_label_limit=settings.model_label_limit)
+    recorder = Recorder(metrics)
     upstream = Upstream(settings, transport)
     pipeline = Pipeline(
         default_transforms(settings) if transforms is None else transforms,
@@ -63,7 +69,7 @@ def create_app(
     if settings.sessions:
         store = MemoryStore(settings.session_max, settings.session_ttl)
         tracker = SessionTracker(store, detector, metrics)
-        warmer = Warmer(settings, upstream, metrics)
+        warmer = Warmer(settings, upstream, metrics, in_flight=lambda: recorder.in_flight)
         if settings.compaction:
             if settings.summarizer_url:
                 summarizer = Upstream(
@@ -89,9 +95,17 @@ def create_app(
         if settings.fanout_hold > 0
         else None
     )
-    handlers = Handlers(
-        settings, upstream, pipeline, Recorder(metrics), tracker, compactor=compactor, fanout=fanout
+    services = Services(settings, upstream, recorder)
+    chat = ChatServices(
+        settings,
+        upstream,
+        recorder,
+        pipeline=pipeline,
+        sessions=tracker,
+        compactor=compactor,
+        fanout=fanout,
     )
+    probes = Probes(services)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -109,15 +123,29 @@ def create_app(
 
     # No docs routes: /docs and /openapi.json must reach the upstream like any other path.
     app = FastAPI(
-        title="prefill-proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+        title="prefill-proxy",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        exception_handlers={HTTPException: http_error},
     )
     app.state.settings = settings
     app.state.metrics = metrics
-    # Plain Starlette routes: the handlers read the body themselves (size limit, raw bytes),
-    # so FastAPI's parameter machinery would only add per-request cost.
-    app.add_route(CHAT_ROUTE, handlers.chat_completions, methods=["POST"])
-    app.add_route("/health", handlers.health, methods=["GET"])
-    app.add_route("/ready", handlers.ready, methods=["GET"])
-    app.add_route("/metrics", handlers.metrics, methods=["GET"])
-    app.add_route("/{path:path}", handlers.passthrough, methods=PASSTHROUGH_METHODS)
+    app.add_middleware(ErrorBoundary, metrics=metrics)
+    # Plain ASGI endpoints for proxied routes: each call reads the body itself (size limit,
+    # raw bytes) and writes its response, so FastAPI's machinery would only add cost.
+    app.router.routes.extend(
+        [
+            Route(CHAT_ROUTE, Endpoint(lambda down: ChatCall(chat, down)), methods=["POST"]),
+            Route("/health", probes.health, methods=["GET"]),
+            Route("/ready", probes.ready, methods=["GET"]),
+            Route("/metrics", probes.metrics, methods=["GET"]),
+            Route(
+                "/{path:path}",
+                Endpoint(lambda down: PassthroughCall(services, down)),
+                methods=PASSTHROUGH_METHODS,
+            ),
+        ]
+    )
     return app

@@ -34,6 +34,12 @@ class BodyTooLarge(ProxyError):
     code = "request_too_large"
 
 
+class InternalError(ProxyError):
+    """A bug in the proxy: logged with its traceback and counted where it is caught."""
+
+    type = "server_error"
+
+
 class UpstreamError(ProxyError):
     """The upstream could not be used; ``kind`` labels the error metric."""
 

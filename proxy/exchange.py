@@ -78,20 +78,23 @@ def token_counts(usage: dict[str, Any] | None) -> tuple[int, int, int] | None:
 
 
 class Recorder:
-    """Records a finished exchange: metrics, then the access log line."""
+    """Owns the exchanges in flight; records each finished one: metrics, then the access
+    log line."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
+        self.in_flight = 0
+        metrics.in_flight.set_function(lambda: self.in_flight)
 
     def begin(self, route: str, method: str) -> Exchange:
-        self.metrics.in_flight.inc()
+        self.in_flight += 1
         return Exchange(route, method)
 
     def finish(self, exchange: Exchange) -> None:
         ended = time.perf_counter()
+        self.in_flight -= 1
         exchange.first_token_reached()  # releases anything still waiting on this request
         m = self.metrics
-        m.in_flight.dec()
         model = m.model_label(exchange.model or "unknown")
         route = exchange.route
         m.requests.labels(route, model, str(exchange.status)).inc()

@@ -178,6 +178,7 @@ class Metrics:
             ("transform",),
             registry=registry,
         )
+        # Read at scrape time from the Recorder, which owns the count.
         self.in_flight = Gauge(
             "prefill_proxy_in_flight_requests",
             "Requests being proxied now.",
@@ -185,7 +186,15 @@ class Metrics:
         )
         self.client_disconnects = Counter(
             "prefill_proxy_client_disconnects",
-            "Streams the client closed before the end (the upstream request is aborted).",
+            "Requests the client left before their end, while sending the body, waiting for "
+            "the upstream or mid-stream (the upstream request is aborted).",
+            ("route",),
+            registry=registry,
+        )
+        self.internal_errors = Counter(
+            "prefill_proxy_internal_errors",
+            "Requests a bug in the proxy failed (answered 500 internal_error, logged with a "
+            "traceback).",
             ("route",),
             registry=registry,
         )
@@ -211,6 +220,13 @@ class Metrics:
         self.session_errors = Counter(
             "prefill_proxy_session_errors",
             "Session store failures (the request went on without its session: fail open).",
+            registry=registry,
+        )
+        self.listener_failures = Counter(
+            "prefill_proxy_listener_failures",
+            "Follow-up work after a reply that failed (warm-up, compaction, round trips: "
+            "the reply itself was not affected), by listener.",
+            ("listener",),
             registry=registry,
         )
 

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-
-from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
 
 from proxy import jsonio, sse
 from proxy.chunks import ReplyAssembler, carries_token
@@ -143,80 +139,3 @@ async def relay_chunks(
         if watcher is None:
             raise  # not SSE: a cut connection is the only honest signal
         yield sse_error_event(error)
-
-
-class RelayResponse(Response):
-    """An ASGI response relaying the upstream body. It always closes the upstream and
-    records the exchange once, however the stream ends: completed, upstream failure or
-    client disconnect. A single task waits for the client's ``http.disconnect`` and
-    cancels the relay, so closing the upstream makes vLLM abort at once. (Starlette's
-    StreamingResponse does the same with an anyio task group per response, which cost
-    about 130 us of CPU per stream in tests/benchmarks/overhead.py.)"""
-
-    def __init__(
-        self,
-        body: AsyncIterator[bytes],
-        *,
-        status: int,
-        headers: list[tuple[bytes, bytes]],
-        upstream: UpstreamResponse,
-        exchange: Exchange,
-        on_finish: Callable[[Exchange], None],
-    ) -> None:
-        # Response's own __init__ would encode a body and set headers: not wanted here.
-        self.status_code = status
-        self.raw_headers = headers
-        self.background = None
-        self._body = body
-        self._upstream = upstream
-        self._exchange = exchange
-        self._on_finish = on_finish
-        self._relayed = False  # the whole body went out: a disconnect no longer matters
-        self._client_gone = False
-        self._ended = False
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        relay = asyncio.current_task()
-        assert relay is not None
-        watch = asyncio.get_running_loop().create_task(self._watch_disconnect(receive, relay))
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": self.status_code,
-                    "headers": self.raw_headers,
-                }
-            )
-            async for chunk in self._body:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            self._relayed = True
-            # Record before the last message, so a client that saw the end of the stream
-            # also sees this request in /metrics.
-            await self._end()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not self._client_gone:
-                raise
-            relay.uncancel()
-        except OSError:  # servers on ASGI spec 2.4 report a gone client this way
-            self._client_gone = True
-        finally:
-            watch.cancel()
-            await self._end()
-
-    async def _watch_disconnect(self, receive: Receive, relay: asyncio.Task[Any]) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        if not self._relayed:
-            self._client_gone = True
-            relay.cancel()
-
-    async def _end(self) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        # No shield needed: the connection is released before aclose's first suspension.
-        await self._upstream.aclose()
-        if self._client_gone:
-            self._exchange.client_disconnected = True
-        self._on_finish(self._exchange)

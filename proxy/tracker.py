@@ -62,6 +62,7 @@ class SessionTracker:
         self.detector = detector
         self._metrics = metrics
         self.listeners = list(listeners)
+        metrics.sessions_active.set_function(lambda: len(store))
 
     def open(self, headers: Mapping[str, str], request: dict[str, Any]) -> Turn | None:
         messages = request.get("messages")
@@ -143,7 +144,6 @@ class SessionTracker:
                 turn.session.pinned_template_kwargs.setdefault(key, value)
             self._note_placed(turn)
             self.store.put(turn.session)
-            self._metrics.sessions_active.set(len(self.store))
         except Exception:  # fail open
             log.exception("session update failed")
             self._metrics.session_errors.inc()
@@ -152,5 +152,6 @@ class SessionTracker:
             try:
                 listener.after_reply(turn, exchange)
             except Exception:  # fail open: follow-up work never costs the reply
-                log.exception("%s failed after a reply", type(listener).__name__)
-                self._metrics.session_errors.inc()
+                name = type(listener).__name__
+                log.exception("%s failed after a reply", name)
+                self._metrics.listener_failures.labels(name).inc()

@@ -101,7 +101,7 @@ class Warmer:
         upstream: Upstream,
         metrics: Metrics,
         *,
-        in_flight: Callable[[], float] | None = None,
+        in_flight: Callable[[], float],
         monitor: EngineMonitor | None = None,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
@@ -112,7 +112,7 @@ class Warmer:
         self._priority = settings.warmup_priority
         self._upstream = upstream
         self._metrics = metrics
-        self._in_flight = in_flight or metrics.in_flight._value.get
+        self._in_flight = in_flight  # the proxy's requests in flight (Recorder.in_flight)
         self._monitor = monitor or EngineMonitor(upstream.call)
         self._clock = clock  # the exchanges' clock: tool rounds are measured against it
         self._sleep = sleep

@@ -345,7 +345,7 @@ async def test_warm_on_request_and_shutdown_cancels_what_is_in_flight(engine) ->
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     upstream = Upstream(settings)
-    warmer = Warmer(settings, upstream, metrics)
+    warmer = Warmer(settings, upstream, metrics, in_flight=lambda: 0)
     messages, reply, count = aligned_step(engine, "compacted")
     request = {"model": MODEL, "messages": [*messages, reply], "tools": TOOLS}
 
@@ -401,6 +401,7 @@ class Direct:
             settings,
             self.upstream,
             Metrics(self.registry),
+            in_flight=lambda: 0,
             clock=lambda: self.now,
             sleep=sleep or self.sleep,
         )

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy import config
 from proxy.app import create_app
-from proxy.routes import CHAT_ROUTE, body_log
+from proxy.call import body_log
+from proxy.chat import CHAT_ROUTE
 from tests.support.proxies import RunningProxy
 from tests.support.servers import serve
 

@@ -1,0 +1,164 @@
+"""One proxied request from the client's first byte to its last, whatever the route.
+
+``Call.run`` is the one ``try/finally`` of an exchange: whatever happens (the client gone
+while sending its body, while the upstream thinks, or mid-stream; an upstream error; a
+bug) the upstream connection is closed, the client gets an OpenAI-style error if it is
+still there and nothing was sent yet, and the exchange is recorded exactly once (in-flight
+gauge, metrics, access line). Subclasses say what the request is (``handle``): the chat
+story in proxy.chat, plain forwarding in proxy.passthrough.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+
+from proxy import headers as hdrs
+from proxy import jsonio
+from proxy.config import Settings
+from proxy.downstream import ClientGone, Downstream
+from proxy.errors import InternalError, ProxyError, UpstreamError, sse_error_event
+from proxy.exchange import Recorder
+from proxy.relay import ChatStreamWatcher, relay_chunks
+from proxy.upstream import Upstream, UpstreamResponse
+
+JSON = b"application/json"
+log = logging.getLogger("prefill_proxy.call")
+# Prompt and completion text: only with the log_bodies setting (debugging).
+body_log = logging.getLogger("prefill_proxy.bodies")
+
+
+@dataclasses.dataclass(frozen=True)
+class Services:
+    """What every call needs, built once by the app."""
+
+    settings: Settings
+    upstream: Upstream
+    recorder: Recorder
+
+
+class Call:
+    route = "other"
+
+    def __init__(self, services: Services, down: Downstream, route: str | None = None) -> None:
+        self.services = services
+        self.settings = services.settings
+        self.down = down
+        self.exchange = services.recorder.begin(route or self.route, down.method)
+        self.response: UpstreamResponse | None = None
+        self._recorded = False
+
+    async def run(self) -> None:
+        try:
+            await self.handle()
+        except ClientGone:
+            pass
+        except ProxyError as error:
+            await self.fail(error)
+        except asyncio.CancelledError:
+            if not self.down.cancelled_by_client():
+                raise
+        except Exception:  # a bug: the client still gets an answer, the log a traceback
+            log.exception("%s %s failed", self.down.method, self.exchange.route)
+            self.services.recorder.metrics.internal_errors.labels(self.exchange.route).inc()
+            await self.fail(InternalError("the proxy failed on this request"))
+        finally:
+            await self.down.close()
+            if self.response is not None:
+                # No shield needed: the connection is released before aclose's first await.
+                await self.response.aclose()
+            self.exchange.client_disconnected = self.down.gone
+            self.record()
+
+    async def handle(self) -> None:
+        raise NotImplementedError
+
+    def record(self) -> None:
+        """Record the exchange (once): subclasses add what follows a reply first."""
+        if not self._recorded:
+            self._recorded = True
+            self.services.recorder.finish(self.exchange)
+
+    # -- the upstream --------------------------------------------------------------------
+
+    async def send(self, content: bytes | None, *, parsed_body: bool) -> UpstreamResponse:
+        """Forward the request; from here on a client leaving cancels the wait or the relay
+        (closing the upstream connection, so vLLM aborts)."""
+        exchange = self.exchange
+        upstream_headers = hdrs.upstream_request(self.down.raw_headers, parsed_body=parsed_body)
+        # Time held behind a fan-out leader is waiting by design, not the proxy's cost.
+        exchange.overhead_s = time.perf_counter() - exchange.started - exchange.held_s
+        self.down.watch()
+        try:
+            response = await self.services.upstream.send(
+                self.down.method, self.down.target, upstream_headers, content
+            )
+        except UpstreamError as error:
+            exchange.error_kind = error.kind
+            raise
+        self.response = response
+        exchange.status = response.status
+        if response.status >= 400:
+            exchange.error_kind = f"status_{response.status // 100}xx"
+        return response
+
+    def response_headers(self, *, keep_length: bool = True) -> list[tuple[bytes, bytes]]:
+        assert self.response is not None
+        return hdrs.client_response(
+            self.response.headers, self.exchange.overhead_ms_header, keep_length=keep_length
+        )
+
+    async def relay(
+        self, headers: list[tuple[bytes, bytes]], watcher: ChatStreamWatcher | None = None
+    ) -> None:
+        """The upstream body to the client as it arrives; recorded before the last message,
+        so a client that saw the end also sees this request in /metrics."""
+        assert self.response is not None
+        await self.down.start(self.exchange.status, headers)
+        async for chunk in relay_chunks(self.response, self.exchange, watcher):
+            await self.down.write(chunk)
+        self.record()
+        await self.down.end()
+
+    async def read(self) -> bytes:
+        """The upstream body whole (a non-streamed reply)."""
+        assert self.response is not None
+        try:
+            return await self.response.read()
+        except UpstreamError as error:
+            self.exchange.error_kind = error.kind
+            raise
+
+    # -- the client ----------------------------------------------------------------------
+
+    async def fail(self, error: ProxyError) -> None:
+        """Tell the client, if it is still there: an OpenAI-style error body, or, once an
+        event stream has begun, its last event (any other body is cut off: the only
+        honest signal left)."""
+        exchange = self.exchange
+        if self.down.gone:
+            return
+        if not self.down.started:
+            exchange.status = error.status
+        # Recorded before the client hears of it, as for a reply: it sees it in /metrics.
+        self.record()
+        with contextlib.suppress(ClientGone):
+            if self.down.started:
+                if self._is_event_stream():
+                    await self.down.end(sse_error_event(error))
+                return
+            headers = [
+                (b"content-type", JSON),
+                (hdrs.OVERHEAD.encode(), exchange.overhead_ms_header),
+            ]
+            await self.down.respond(error.status, headers, jsonio.dumps(error.body()))
+
+    def _is_event_stream(self) -> bool:
+        return self.response is not None and hdrs.is_event_stream(self.response.headers)
+
+    def log_body(self, kind: str, body: bytes) -> None:
+        if self.settings.log_bodies:
+            body_log.info("%s %s", kind, body.decode(errors="replace"))

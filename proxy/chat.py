@@ -1,0 +1,181 @@
+"""The chat-completions story, one request at a time, in the order it happens:
+
+    parse -> session -> rewrite -> compaction -> forward -> relay -> record
+
+``ChatCall.handle`` tells it; the lifecycle around it (the client leaving at any point,
+errors, recording exactly once) is ``proxy.call.Call``'s. Decisions live in the pieces it
+calls: the rewrite pipeline (pure), the session tracker, the compactor, the fan-out gate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+from proxy import headers as hdrs
+from proxy import jsonio
+from proxy.call import Call, Services
+from proxy.chunks import reply_message
+from proxy.compaction import Compactor
+from proxy.downstream import Downstream
+from proxy.errors import BadRequest
+from proxy.fanout import FanoutGate
+from proxy.relay import ChatStreamWatcher
+from proxy.rewrite import Pipeline, RewriteContext
+from proxy.rewrite.stream_usage import request_usage
+from proxy.tracker import SessionTracker, Turn
+
+CHAT_ROUTE = "/v1/chat/completions"
+REWRITE_HEADER = "x-prefill-proxy-rewrite"
+# How vLLM refuses a prompt longer than its context: 0.32 names the context length
+# (tests/e2e/test_compaction.py); some versions report the negative max_tokens left over.
+OVERFLOW_MARKERS = (b"max_tokens must be at least 1, got -", b"maximum context length is")
+log = logging.getLogger("prefill_proxy.chat")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatServices(Services):
+    pipeline: Pipeline = dataclasses.field(default_factory=lambda: Pipeline(()))
+    sessions: SessionTracker | None = None
+    compactor: Compactor | None = None
+    fanout: FanoutGate | None = None
+
+
+def parse_chat_request(body: bytes) -> dict[str, Any]:
+    try:
+        payload = jsonio.loads(body)
+    except jsonio.InvalidJSON as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise BadRequest("request body must be a JSON object")
+    return payload
+
+
+def read_reply(body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(usage, the assistant message as emitted) of a non-streamed reply."""
+    try:
+        payload = jsonio.loads(body)
+    except jsonio.InvalidJSON:
+        return None, None
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    return (usage if isinstance(usage, dict) else None), reply_message(payload)
+
+
+class ChatCall(Call):
+    route = CHAT_ROUTE
+
+    def __init__(self, services: ChatServices, down: Downstream) -> None:
+        super().__init__(services, down)
+        self.chat = services
+        self.turn: Turn | None = None
+        self.strip_usage = False  # the proxy asked for stream usage the client did not
+        # The client's switch for this request: X-Prefill-Proxy-Rewrite: off.
+        switch = down.headers.get(REWRITE_HEADER, "").strip().lower()
+        self.rewriting = bool(self.chat.pipeline) and self.settings.rewrite and switch != "off"
+
+    async def handle(self) -> None:
+        exchange = self.exchange
+        body = await self.down.read_body(self.settings.max_body_bytes)
+        payload = parse_chat_request(body)
+        exchange.model = str(payload.get("model") or "")
+        exchange.stream = payload.get("stream") is True
+        self.turn = self.open_session(payload)
+        forwarded = self.rewrite(payload)
+        forwarded = await self.compact(forwarded)
+        forwarded = self.ask_for_usage(forwarded)
+        content = body if forwarded is payload else jsonio.dumps(forwarded)
+        self.log_body("request", content)
+        if self.chat.fanout is not None:
+            await self.chat.fanout.admit(forwarded, exchange)
+        response = await self.send(content, parsed_body=True)
+        if exchange.stream and hdrs.is_event_stream(response.headers):
+            await self.relay(self.reply_headers(keep_length=not self.strip_usage), self.watcher())
+        else:
+            await self.reply_whole()
+
+    # -- the steps -----------------------------------------------------------------------
+
+    def open_session(self, payload: dict[str, Any]) -> Turn | None:
+        sessions = self.chat.sessions
+        if sessions is None:
+            return None
+        turn = sessions.open(self.down.headers, payload)
+        if turn is not None:
+            turn.credentials = hdrs.credentials(self.down.raw_headers)
+        return turn
+
+    def rewrite(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if not self.rewriting:
+            return payload
+        turn, sessions = self.turn, self.chat.sessions
+        context = RewriteContext(
+            headers=self.down.headers,
+            session=turn.session if turn is not None else None,
+            volatile=sessions.detector if sessions is not None else None,
+            message_keys=turn.keys if turn is not None else (),
+        )
+        result = self.chat.pipeline.apply(payload, context)
+        self.exchange.rewrites, self.exchange.rewrite_failures = result.applied, result.failed
+        return result.request
+
+    async def compact(self, forwarded: dict[str, Any]) -> dict[str, Any]:
+        """Compaction, then the session learns what goes upstream."""
+        turn, sessions, compactor = self.turn, self.chat.sessions, self.chat.compactor
+        if turn is None or sessions is None:
+            return forwarded
+        rewritten = forwarded.get("messages")
+        if compactor is not None and self.rewriting:
+            try:
+                forwarded = await compactor.apply(forwarded, turn, self.exchange)
+            except Exception:  # fail open: the request goes on uncompacted
+                log.exception("compaction failed; forwarding the request uncompacted")
+                self.exchange.rewrite_failures += ("compaction",)
+        aligned = None if forwarded.get("messages") is rewritten else rewritten
+        sessions.forward(turn, forwarded, self.exchange, rewritten_messages=aligned)
+        return forwarded
+
+    def ask_for_usage(self, forwarded: dict[str, Any]) -> dict[str, Any]:
+        """Streams always report usage upstream; the client gets what it asked for."""
+        if self.exchange.stream and (with_usage := request_usage(forwarded)) is not None:
+            self.strip_usage = True
+            return with_usage
+        return forwarded
+
+    def watcher(self) -> ChatStreamWatcher:
+        on_reply = None
+        if self.turn is not None and self.chat.sessions is not None:
+            # At [DONE], before it is relayed: the client's next request must find it.
+            on_reply = functools.partial(self.chat.sessions.close, self.turn)
+        return ChatStreamWatcher(self.exchange, strip_usage=self.strip_usage, on_reply=on_reply)
+
+    async def reply_whole(self) -> None:
+        """A non-streamed reply: small, and vLLM sends it at once; read it for usage and
+        the reply, record, then answer."""
+        exchange = self.exchange
+        body = await self.read()
+        if exchange.status == 200:
+            exchange.usage, exchange.reply = read_reply(body)
+        elif exchange.status == 400 and any(marker in body for marker in OVERFLOW_MARKERS):
+            exchange.context_overflow = True
+        self.log_body("response", body)
+        self.record()
+        await self.down.respond(exchange.status, self.reply_headers(keep_length=False), body)
+
+    def reply_headers(self, *, keep_length: bool) -> list[tuple[bytes, bytes]]:
+        headers = self.response_headers(keep_length=keep_length)
+        if self.exchange.compaction:
+            headers.append((hdrs.COMPACTION, self.exchange.compaction.encode()))
+        return headers
+
+    # -- record --------------------------------------------------------------------------
+
+    def record_reply(self) -> None:
+        """The reply into its session (once; only a complete, successful one)."""
+        if self.turn is not None and self.chat.sessions is not None:
+            self.chat.sessions.close(self.turn, self.exchange)
+
+    def record(self) -> None:
+        self.record_reply()
+        super().record()

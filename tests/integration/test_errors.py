@@ -1,0 +1,57 @@
+"""Every error reaches the client as OpenAI-style JSON: a bug (an exception nothing expected)
+as a counted 500 internal_error, Starlette's own refusals too; never an HTML or text page."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+CHAT = "/v1/chat/completions"
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def broken(request: httpx.Request) -> httpx.Response:
+    raise RuntimeError("a bug below the proxy's error mapping")
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: object) -> None:
+    assert response.status_code == status
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path", [CHAT, "/v1/embeddings"])
+async def test_a_bug_in_a_call_is_a_counted_500_internal_error(make_proxy, path: str) -> None:
+    proxy = make_proxy(broken)
+    response = await proxy.client.post(path, json=BODY)
+    assert_openai_error(response, 500, "internal_error")
+    route = path if path == CHAT else "/v1/embeddings"
+    assert proxy.sample("prefill_proxy_internal_errors_total", route=route) == 1
+    assert proxy.sample("prefill_proxy_in_flight_requests") == 0
+    assert (
+        proxy.sample(
+            "prefill_proxy_requests_total",
+            route=route,
+            model="m" if path == CHAT else "unknown",
+            status="500",
+        )
+        == 1
+    )
+
+
+@pytest.mark.anyio
+async def test_a_bug_outside_the_calls_is_caught_by_the_app(make_proxy) -> None:
+    proxy = make_proxy(broken)
+    response = await proxy.client.get("/ready")  # the probe raises what no code expects
+    assert_openai_error(response, 500, "internal_error")
+    assert proxy.sample("prefill_proxy_internal_errors_total", route="other") == 1
+
+
+@pytest.mark.anyio
+async def test_a_method_no_route_takes_is_refused_in_openai_shape(make_proxy) -> None:
+    proxy = make_proxy()
+    response = await proxy.client.request("TRACE", CHAT)
+    assert_openai_error(response, 405, 405)
+    assert proxy.seen == []
