@@ -333,11 +333,6 @@ def test_a_failed_warmup_is_counted_and_the_client_never_sees_it(engine, proxy_o
     )
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_warm_on_request_and_shutdown_cancels_what_is_in_flight(engine) -> None:
     gate = engine.gate

@@ -67,8 +67,3 @@ def make_proxy() -> Callable[..., Any]:
         return Harness(registry, seen, client)
 
     return build
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"

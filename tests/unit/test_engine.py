@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from proxy.engine import EngineMonitor, EngineStatus, parse_metrics
 from proxy.errors import UpstreamError
 from proxy.sim.metrics import SimMetrics
+from tests.support.clock import Clock
 
 # As vLLM 0.32 writes them (two data-parallel engines), with the series that share a prefix.
 VLLM_TEXT = b"""\
@@ -52,14 +53,6 @@ def test_parse_metrics_reads_the_simulators_exposition() -> None:
     assert parse_metrics(generate_latest(registry)) == EngineStatus(4, 16, 0.0)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Engine:
     """What the monitor fetches: a fixed answer, or an error to raise."""
 
@@ -74,11 +67,6 @@ class Engine:
         if self.error is not None:
             raise self.error
         return self.status, self.body
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.mark.anyio

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from proxy.exchange import Exchange, Recorder
 from proxy.fanout import FanoutGate, prefix_key
 from proxy.metrics import Metrics
+from tests.support.clock import Clock
 
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "d" * 2000}}]
 SYSTEM = {"role": "system", "content": "You are a research sub-agent. " * 200}  # ~1.5k tokens
@@ -65,19 +66,6 @@ def test_short_heads_and_odd_requests_have_no_key() -> None:
 
 
 # --- the gate --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Harness:

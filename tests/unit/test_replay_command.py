@@ -11,6 +11,7 @@ import pytest
 from proxy import cli
 from proxy.replay import command, profiles
 from proxy.replay.progress import Progress
+from tests.support.clock import Clock
 
 
 def parse(*argv: str):
@@ -67,14 +68,6 @@ def test_parsing_loads_no_http_client_plotting_or_generator() -> None:
     assert out.stdout.strip() == "[]"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Stream:
     def __init__(self) -> None:
         self.text = ""
@@ -87,7 +80,7 @@ class Stream:
 
 
 def test_progress_line_is_throttled_and_ends_with_a_newline() -> None:
-    clock, stream = Clock(), Stream()
+    clock, stream = Clock(0.0), Stream()
     progress = Progress("direct", 4, stream, enabled=True, interval=1.0, clock=clock)  # type: ignore[arg-type]
     progress.advance()
     clock.now = 0.5

@@ -147,11 +147,6 @@ def test_abort_frees_the_blocks_and_the_step_result_is_dropped() -> None:
 # --- engine loop -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def collect(handle: Handle) -> list[int]:
     return [index async for index in handle.tokens()]
 
