@@ -17,6 +17,7 @@ from proxy.batching import RoundTrips
 from proxy.call import Services
 from proxy.chat import CHAT_ROUTE, ChatCall, ChatServices
 from proxy.compaction import Compactor
+from proxy.compaction.budget import Sizer
 from proxy.config import Settings
 from proxy.exchange import Recorder
 from proxy.fanout import FanoutGate
@@ -68,8 +69,11 @@ def create_app(
     tracker = compactor = summarizer = warmer = None
     if settings.sessions:
         store = MemoryStore(settings.session_max, settings.session_ttl)
-        tracker = SessionTracker(store, detector, metrics)
-        warmer = Warmer(settings, upstream, metrics, in_flight=lambda: recorder.in_flight)
+        tracker = SessionTracker(store, detector, metrics, max_posted=settings.session_max)
+        warmer = Warmer(
+            settings, upstream, metrics, in_flight=lambda: recorder.in_flight, post=tracker.post
+        )
+        tracker.on_open.append(warmer.client_back)
         if settings.compaction:
             if settings.summarizer_url:
                 summarizer = Upstream(
@@ -79,9 +83,11 @@ def create_app(
                 settings,
                 upstream,
                 metrics,
+                sizer=Sizer(tokens.Lazy()),
                 summarizer=summarizer,
                 mask=detector.mask,
                 warmer=warmer,
+                post=tracker.post,
             )
         # Compaction first: when it decides the next event early it warms that prompt, and
         # the warm-up of the uncompacted one is then skipped (one per session).

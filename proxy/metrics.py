@@ -222,6 +222,12 @@ class Metrics:
             "Session store failures (the request went on without its session: fail open).",
             registry=registry,
         )
+        self.session_conflicts = Counter(
+            "prefill_proxy_session_conflicts",
+            "Saves of a session record that another request of the same session saved "
+            "first (its record was loaded again and the reply recorded into it).",
+            registry=registry,
+        )
         self.listener_failures = Counter(
             "prefill_proxy_listener_failures",
             "Follow-up work after a reply that failed (warm-up, compaction, round trips: "

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from proxy import jsonio
+from proxy.compaction.state import Compaction
 from proxy.transcript import Mask
 
 SESSION_HEADER = "x-session-id"
@@ -28,8 +29,24 @@ MAX_SUBSTITUTIONS = 4096
 
 
 @dataclasses.dataclass
+class Pace:
+    """A session's rhythm, for timing warm-ups (proxy.warmup): when its last reply with
+    tool calls went out (the warmer's clock) and how long its recent tool rounds took,
+    newest last."""
+
+    replied_at: float | None = None
+    gaps: list[float] = dataclasses.field(default_factory=list)
+
+    def add_gap(self, seconds: float, keep: int) -> None:
+        self.gaps = [*self.gaps[-(keep - 1) :], seconds] if keep > 1 else [seconds]
+
+
+@dataclasses.dataclass
 class Session:
-    """What the proxy remembers of one conversation."""
+    """What the proxy remembers of one conversation: one typed record, loaded from the
+    store when a request opens its session and saved when its reply is recorded
+    (proxy.tracker). Nothing else writes it: background work posts its results to the
+    tracker, which applies them to the next load."""
 
     key: str
     # chain key of a message as the client sends it -> the message to forward instead
@@ -51,8 +68,14 @@ class Session:
     last_reply_tool_calls: int = 0
     # Whether the proxy warmed the engine's cache for the next step (proxy.warmup).
     warmed: bool = False
-    # What compaction keeps for this session (proxy.compaction.state.Compaction).
-    compaction: Any = None
+    pace: Pace = dataclasses.field(default_factory=Pace)
+    # What compaction keeps for this session, and when its last summary failed.
+    compaction: Compaction | None = None
+    summary_failed_at: float | None = None
+    # The engine this session's KV blocks live on ("": the only upstream).
+    engine: str = ""
+    # The stored version this record was loaded from (0: new): saves compare and set it.
+    version: int = 0
     touched: float = 0.0
 
     def substitute(self, key: bytes, message: dict[str, Any]) -> None:
@@ -60,6 +83,17 @@ class Session:
         self.substitutions.move_to_end(key)
         while len(self.substitutions) > MAX_SUBSTITUTIONS:
             self.substitutions.popitem(last=False)
+
+    def copy(self) -> Session:
+        """A copy whose containers can change without touching this one (the messages in
+        them are never changed in place, only replaced)."""
+        return dataclasses.replace(
+            self,
+            substitutions=collections.OrderedDict(self.substitutions),
+            pinned_template_kwargs=dict(self.pinned_template_kwargs),
+            pace=Pace(self.pace.replied_at, list(self.pace.gaps)),
+            compaction=self.compaction.copy() if self.compaction is not None else None,
+        )
 
 
 def identify(headers: Mapping[str, str], request: Mapping[str, Any], mask: Mask) -> tuple[str, str]:
@@ -95,16 +129,24 @@ def fingerprint(request: Mapping[str, Any], mask: Mask) -> str:
 
 
 class SessionStore(Protocol):
-    def get(self, key: str) -> Session | None: ...
+    """Where session records live. A networked store implements the same four calls."""
 
-    def put(self, session: Session) -> None: ...
+    def get(self, key: str) -> Session | None:
+        """A copy of the stored record (the caller owns it), or None."""
+
+    def save(self, session: Session) -> bool:
+        """Store ``session`` if the stored record is still the version it was loaded from
+        (compare and set), and advance its version; False if another save came first."""
+
+    def delete(self, key: str) -> None: ...
 
     def __len__(self) -> int: ...
 
 
 class MemoryStore:
     """Sessions in this process: least recently used dropped beyond ``max_sessions``, and
-    any idle for ``ttl_s`` seconds."""
+    any idle for ``ttl_s`` seconds. It keeps copies, so it behaves as a networked store
+    does: nothing changes a stored record but a save."""
 
     def __init__(
         self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
@@ -120,18 +162,29 @@ class MemoryStore:
         with self._lock:
             self._expire(now)
             session = self._sessions.get(key)
-            if session is not None:
-                session.touched = now
-                self._sessions.move_to_end(key)
-            return session
+            if session is None:
+                return None
+            session.touched = now
+            self._sessions.move_to_end(key)
+            return session.copy()
 
-    def put(self, session: Session) -> None:
+    def save(self, session: Session) -> bool:
         with self._lock:
-            session.touched = self._clock()
-            self._sessions[session.key] = session
+            stored = self._sessions.get(session.key)
+            if stored is not None and stored.version != session.version:
+                return False  # (a record dropped meanwhile may be saved again)
+            session.version += 1
+            kept = session.copy()
+            kept.touched = self._clock()
+            self._sessions[session.key] = kept
             self._sessions.move_to_end(session.key)
             while len(self._sessions) > self._max:
                 self._sessions.popitem(last=False)
+            return True
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._sessions.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._sessions)

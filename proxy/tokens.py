@@ -108,3 +108,17 @@ def counter(encoding: str = DEFAULT_ENCODING) -> Tiktoken | Estimate:
             "tiktoken %s unavailable (%s); estimating 4 characters per token", encoding, exc
         )
         return Estimate()
+
+
+class Lazy:
+    """``counter(encoding)`` made on first use: components built before start-up
+    provisions the encodings (proxy.app's lifespan) count with it all the same."""
+
+    def __init__(self, encoding: str = DEFAULT_ENCODING) -> None:
+        self._encoding = encoding
+        self._counter: Counter | None = None
+
+    def count(self, text: str) -> int:
+        if self._counter is None:
+            self._counter = counter(self._encoding)
+        return self._counter.count(text)

@@ -1,11 +1,15 @@
 """Sessions around a chat request: find the session, judge the prompt's continuity, and
-record the reply afterwards. Failing open: a store error costs the session, not the request."""
+record the reply afterwards. The tracker is the one owner of session records: it loads a
+record when a request opens its session and saves it when the reply is recorded;
+background work (warm-ups, summaries) posts its results here, and they are applied to the
+record at its next load. Failing open: a store error costs the session, not the request."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from proxy import prefix
@@ -41,6 +45,7 @@ class Turn:
     follows_tool_calls: bool = False
     warmed: bool = False
     recorded: bool = False
+    posted: int = 0  # background results applied to the record when it was loaded
 
 
 class ReplyListener(Protocol):
@@ -50,6 +55,11 @@ class ReplyListener(Protocol):
     def after_reply(self, turn: Turn, exchange: Exchange) -> None: ...
 
 
+# A change to a session record, posted by background work (idempotent: it may be applied
+# to more than one load of the record before a save keeps it).
+Change = Callable[[Session], None]
+
+
 class SessionTracker:
     def __init__(
         self,
@@ -57,12 +67,41 @@ class SessionTracker:
         detector: VolatileDetector,
         metrics: Metrics,
         listeners: Sequence[ReplyListener] = (),
+        *,
+        max_posted: int = 10_000,
     ) -> None:
         self.store = store
         self.detector = detector
         self._metrics = metrics
         self.listeners = list(listeners)
+        # Told the key of each session a request opens (a warm-up for it is then late).
+        self.on_open: list[Callable[[str], None]] = []
+        self._posted: collections.OrderedDict[str, list[Change]] = collections.OrderedDict()
+        self._max_posted = max_posted
         metrics.sessions_active.set_function(lambda: len(store))
+
+    def _apply_posted(self, session: Session) -> int:
+        """Apply the results posted for this session; how many there were."""
+        changes = self._posted.get(session.key, [])
+        for change in changes:
+            change(session)
+        return len(changes)
+
+    def _consume_posted(self, key: str, count: int) -> None:
+        """The first ``count`` posted results are in a saved record now."""
+        changes = self._posted.get(key)
+        if changes is not None:
+            del changes[:count]
+            if not changes:
+                del self._posted[key]
+
+    def post(self, key: str, change: Change) -> None:
+        """Background work's result for session ``key``: applied when a request next opens
+        it, kept once a save of that record succeeds."""
+        self._posted.setdefault(key, []).append(change)
+        self._posted.move_to_end(key)
+        while len(self._posted) > self._max_posted:
+            self._posted.popitem(last=False)
 
     def open(self, headers: Mapping[str, str], request: dict[str, Any]) -> Turn | None:
         messages = request.get("messages")
@@ -75,7 +114,11 @@ class SessionTracker:
             log.exception("session lookup failed")
             self._metrics.session_errors.inc()
             return None
+        posted = self._apply_posted(session)
+        for opened in self.on_open:
+            opened(key)
         turn = Turn(session, messages, chain_keys(messages, self.detector.mask))
+        turn.posted = posted
         turn.follows_tool_calls = session.last_reply_tool_calls > 0
         turn.warmed = session.warmed
         return turn
@@ -108,42 +151,22 @@ class SessionTracker:
         exchange.prefix_break = continuity.reason
         exchange.expected_cached = continuity.expected_cached
 
-    def _note_placed(self, turn: Turn) -> None:
+    def _note_placed(self, turn: Turn, session: Session) -> None:
         """Which message carries the current volatile-lines note (see move_volatile)."""
         lines = volatile_lines(turn.client_messages, self.detector)
         target = note_target(turn.client_messages)
-        if lines != turn.session.last_note_lines and target is not None:
-            turn.session.last_note_lines = lines
-            turn.session.note_carrier = turn.keys[target]
+        if lines != session.last_note_lines and target is not None:
+            session.last_note_lines = lines
+            session.note_carrier = turn.keys[target]
 
     def close(self, turn: Turn, exchange: Exchange) -> None:
-        """After the reply: remember it (only a complete, successful one; once)."""
+        """After the reply: remember it (only a complete, successful one; once), let the
+        listeners follow up, and save the record."""
         if turn.recorded or exchange.status != 200 or exchange.reply is None:
             return
-        # An upstream that reports no usage still gets its history restored.
-        counts = token_counts(exchange.usage) or (0, 0, 0)
         turn.recorded = True
         try:
-            prefix.remember(
-                turn.session,
-                turn.client_messages,
-                turn.forwarded_messages,
-                turn.tools,
-                exchange.reply,
-                prompt_tokens=counts[0],
-                completion_tokens=counts[2],
-                mask=self.detector.mask,
-                keys=turn.keys,
-                rewritten=turn.rewritten_messages,
-            )
-            calls = exchange.reply.get("tool_calls")
-            turn.session.last_reply_tool_calls = len(calls) if isinstance(calls, list) else 0
-            turn.session.warmed = False
-            # The first values seen stay pinned for the session (setdefault: first wins).
-            for key, value in pinnable(turn.template_kwargs, self.detector).items():
-                turn.session.pinned_template_kwargs.setdefault(key, value)
-            self._note_placed(turn)
-            self.store.put(turn.session)
+            self._remember(turn, turn.session, exchange)
         except Exception:  # fail open
             log.exception("session update failed")
             self._metrics.session_errors.inc()
@@ -155,3 +178,51 @@ class SessionTracker:
                 name = type(listener).__name__
                 log.exception("%s failed after a reply", name)
                 self._metrics.listener_failures.labels(name).inc()
+        self._save(turn, exchange)
+
+    def _remember(self, turn: Turn, session: Session, exchange: Exchange) -> None:
+        """The reply into ``session`` (the turn's, or a fresher load of the same record)."""
+        assert exchange.reply is not None
+        # An upstream that reports no usage still gets its history restored.
+        counts = token_counts(exchange.usage) or (0, 0, 0)
+        prefix.remember(
+            session,
+            turn.client_messages,
+            turn.forwarded_messages,
+            turn.tools,
+            exchange.reply,
+            prompt_tokens=counts[0],
+            completion_tokens=counts[2],
+            mask=self.detector.mask,
+            keys=turn.keys,
+            rewritten=turn.rewritten_messages,
+        )
+        calls = exchange.reply.get("tool_calls")
+        session.last_reply_tool_calls = len(calls) if isinstance(calls, list) else 0
+        session.warmed = False
+        # The first values seen stay pinned for the session (setdefault: first wins).
+        for key, value in pinnable(turn.template_kwargs, self.detector).items():
+            session.pinned_template_kwargs.setdefault(key, value)
+        self._note_placed(turn, session)
+
+    def _save(self, turn: Turn, exchange: Exchange) -> None:
+        """Compare and set. When another request of the session saved first (a retry, two
+        sub-agents sharing a head), its record is loaded again and this reply recorded
+        into it: both replies' substitutions survive; this one's follow-up state
+        (compaction, pacing) gives way to the other's, which is as recent."""
+        key = turn.session.key
+        try:
+            if self.store.save(turn.session):
+                self._consume_posted(key, turn.posted)
+                return
+            self._metrics.session_conflicts.inc()
+            fresh = self.store.get(key) or Session(key)
+            posted = self._apply_posted(fresh)
+            self._remember(turn, fresh, exchange)
+            if self.store.save(fresh):
+                self._consume_posted(key, posted)
+            else:
+                log.warning("session %s changed twice during one save; reply not kept", key)
+        except Exception:  # fail open
+            log.exception("session save failed")
+            self._metrics.session_errors.inc()

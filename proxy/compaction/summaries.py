@@ -11,13 +11,17 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
+from proxy.compaction.planner import Summary, SummaryAsk
 from proxy.compaction.summarizer import summarize
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.upstream import RawHeaders, Upstream
+
+if TYPE_CHECKING:
+    from proxy.sessions import Session
 
 log = logging.getLogger("prefill_proxy.compaction")
 
@@ -40,14 +44,37 @@ class Pending:
         task = self.task
         return task.done() and not task.cancelled() and task.exception() is None
 
+    def result(self) -> Summary:
+        """The finished summary (call once ``succeeded``)."""
+        return Summary(self.task.result(), self.facts, self.cut_key, self.cut_index)
+
+
+def _failed_now(when: float) -> Callable[[Session], None]:
+    def change(session: Session) -> None:
+        session.summary_failed_at = when
+
+    return change
+
 
 class Summaries:
-    def __init__(self, settings: Settings, summarizer: Upstream, metrics: Metrics) -> None:
+    """The summary tasks of this process (runtime state: tasks cannot be stored). What a
+    failure means for the session, a pause before the next try, goes to its record."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        summarizer: Upstream,
+        metrics: Metrics,
+        *,
+        post: Callable[[str, Callable[[Session], None]], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._settings = settings
         self._summarizer = summarizer
         self._metrics = metrics
+        self._post = post
+        self._clock = clock  # wall time: a record's back-off means the same on any replica
         self._pending: dict[str, Pending] = {}
-        self._failed: dict[str, float] = {}
 
     def get(self, key: str) -> Pending | None:
         return self._pending.get(key)
@@ -64,29 +91,20 @@ class Summaries:
             return None
         return pending
 
-    def may_start(self, key: str) -> bool:
+    def may_start(self, session: Session) -> bool:
         """Not while one failed for this session a moment ago."""
-        failed_at = self._failed.get(key)
-        return failed_at is None or time.monotonic() - failed_at >= RETRY_S
+        failed_at = session.summary_failed_at
+        return failed_at is None or self._clock() - failed_at >= RETRY_S
 
     def start(
-        self,
-        key: str,
-        request: dict[str, Any],
-        credentials: RawHeaders,
-        *,
-        base: bytes | None,
-        cut_key: bytes,
-        cut_index: int,
-        facts: list[str],
+        self, key: str, ask: SummaryAsk, credentials: RawHeaders, *, base: bytes | None
     ) -> Pending:
-        task = asyncio.create_task(self._summarize(key, request, credentials))
+        task = asyncio.create_task(self._summarize(key, ask.request, credentials))
         task.add_done_callback(_retrieve)
         if len(self._pending) >= self._settings.session_max:  # sessions the store dropped
             self.drop(next(iter(self._pending)))
-        if len(self._failed) >= self._settings.session_max:
-            self._failed.clear()
-        pending = self._pending[key] = Pending(task, base, cut_key, cut_index, facts)
+        pending = Pending(task, base, ask.cut_key, ask.cut_index, ask.facts)
+        self._pending[key] = pending
         return pending
 
     async def wait(self, key: str, pending: Pending) -> str:
@@ -142,7 +160,8 @@ class Summaries:
             )
         except Exception as exc:
             log.warning("summary failed: %s", exc)
-            self._failed[key] = time.monotonic()
+            if self._post is not None:
+                self._post(key, _failed_now(self._clock()))
             raise
         self._metrics.summary_latency.observe(time.perf_counter() - started)
         return text

@@ -5,7 +5,6 @@ the bounds of proxy.warmup.policy, and observes the TTFT of the steps after tool
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import functools
 import logging
@@ -70,23 +69,16 @@ class _Job:
     credentials: RawHeaders
     session_key: str
     trigger: str
-    session: Session | None = None
-    touched: float = 0.0  # the session's last use when the job was made
+    marks: bool = False  # a warm-up for the step after tool calls: its session is told
+    client_back: bool = False  # the session's next request came: this job is late
     delay: float | None = None  # then warm again this many seconds later (timed)
     window: float = 0.0  # and until this many seconds after that (the client's return)
     tokens: list[int] | None = None  # the rendered prompt, once /tokenize said
     too_short: bool = False
 
 
-@dataclasses.dataclass
-class _Pace:
-    """A session's rhythm: when its last tool-call reply went out, how long its recent
-    tool rounds took (reply to next request)."""
-
-    replied_at: float | None = None
-    gaps: collections.deque[float] = dataclasses.field(
-        default_factory=lambda: collections.deque(maxlen=GAPS_KEPT)
-    )
+def _set_warmed(session: Session) -> None:
+    session.warmed = True
 
 
 class Warmer:
@@ -102,6 +94,7 @@ class Warmer:
         metrics: Metrics,
         *,
         in_flight: Callable[[], float],
+        post: Callable[[str, Callable[[Session], None]], None] | None = None,
         monitor: EngineMonitor | None = None,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
@@ -113,13 +106,14 @@ class Warmer:
         self._upstream = upstream
         self._metrics = metrics
         self._in_flight = in_flight  # the proxy's requests in flight (Recorder.in_flight)
+        self._post = post  # results for a session's record (SessionTracker.post)
         self._monitor = monitor or EngineMonitor(upstream.call)
         self._clock = clock  # the exchanges' clock: tool rounds are measured against it
         self._sleep = sleep
-        self._tasks: dict[str, asyncio.Task[None]] = {}  # per session: its warm-up task
+        # Per session: its warm-up task and job (runtime only: the record is the session's).
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._jobs: dict[str, _Job] = {}
         self._sending: set[str] = set()  # sessions whose warm-up request is out now
-        self._paces: collections.OrderedDict[str, _Pace] = collections.OrderedDict()
-        self._max_paces = settings.session_max
         self._token_route = True  # /tokenize and /v1/completions served (until a 404)
         # How long recent warm-ups took that recomputed evicted blocks (moving average):
         # the engine's speed, which the timed warm-up's lead must leave room for.
@@ -133,9 +127,9 @@ class Warmer:
         if turn.follows_tool_calls and exchange.first_token_at is not None:
             ttft = exchange.first_token_at - exchange.started
             self._metrics.step_ttft.labels("yes" if turn.warmed else "no").observe(ttft)
-        pace = self._pace(turn.session.key)
+        pace = turn.session.pace  # saved with the record after this call
         if turn.follows_tool_calls and pace.replied_at is not None:
-            pace.gaps.append(max(exchange.started - pace.replied_at, 0.0))
+            pace.add_gap(max(exchange.started - pace.replied_at, 0.0), GAPS_KEPT)
         reply = exchange.reply
         if not (reply and reply.get("tool_calls")):
             pace.replied_at = None
@@ -148,12 +142,17 @@ class Warmer:
             turn.credentials,
             turn.session.key,
             "tool_calls",
-            turn.session,
-            turn.session.touched,
+            marks=True,
             delay=delay,
             window=min(pace.gaps) - delay if delay is not None else 0.0,
         )
         self._start(job)
+
+    def client_back(self, session_key: str) -> None:
+        """The session's next request arrived (SessionTracker.on_open): its warm-up is late."""
+        job = self._jobs.get(session_key)
+        if job is not None:
+            job.client_back = True
 
     def warm(
         self,
@@ -167,15 +166,6 @@ class Warmer:
         messages = request.get("messages")
         if isinstance(messages, list) and messages:
             self._start(_Job(request, list(messages), credentials, session_key, trigger))
-
-    def _pace(self, key: str) -> _Pace:
-        pace = self._paces.get(key)
-        if pace is None:
-            pace = self._paces[key] = _Pace()
-            while len(self._paces) > self._max_paces:
-                self._paces.popitem(last=False)
-        self._paces.move_to_end(key)
-        return pace
 
     def _start(self, job: _Job) -> None:
         if not self._enabled:
@@ -198,12 +188,12 @@ class Warmer:
         else:
             self._sending.add(key)  # the slot is taken now: the cap holds across awaits
         task = asyncio.get_running_loop().create_task(self._run(job, now=reason is None))
-        self._tasks[key] = task
+        self._tasks[key], self._jobs[key] = task, job
         task.add_done_callback(functools.partial(self._finished, key))
 
     def _finished(self, key: str, task: asyncio.Task[None]) -> None:
         if self._tasks.get(key) is task:
-            del self._tasks[key]
+            del self._tasks[key], self._jobs[key]
             self._sending.discard(key)  # a task cancelled before it ran still had its slot
 
     def _skip_reason(self) -> str | None:
@@ -226,7 +216,7 @@ class Warmer:
         # step, so under load one reading often catches one in passing.
         waited = 0.0
         while True:
-            if job.session is not None and job.session.touched != job.touched:
+            if job.client_back:
                 self._metrics.warmups_skipped.labels("client_back").inc()
                 return
             # The engine first: the proxy's own check and taking the slot then happen
@@ -311,12 +301,11 @@ class Warmer:
     async def _call(self, path: str, payload: dict[str, Any], job: _Job) -> tuple[int, bytes]:
         return await self._upstream.call(path, payload, headers=job.credentials)
 
-    @staticmethod
-    def _mark_warmed(job: _Job) -> None:
+    def _mark_warmed(self, job: _Job) -> None:
         # Only while the client is still away: its next request reads the flag when it
         # arrives (SessionTracker.open), and a later mark would label the step after it.
-        if job.session is not None and job.session.touched == job.touched:
-            job.session.warmed = True
+        if job.marks and not job.client_back and self._post is not None:
+            self._post(job.session_key, _set_warmed)
 
     async def aclose(self) -> None:
         """Cancel the warm-ups in flight or waiting, and stop reading the engine's metrics."""

@@ -454,7 +454,7 @@ async def test_no_timed_warmup_once_the_client_is_back(engine, direct) -> None:
     await _until(lambda: direct.sent("tool_calls") == 1)
     direct.reply(messages, reply, arrived=1003.5, after_tools=True)
     await _until(lambda: direct.sleep.delays == [2.7] and direct.sent("tool_calls") == 2)
-    direct.session.touched += 1.0  # the store's lookup when the next request arrives
+    direct.warmer.client_back("s1")  # the tracker, when the next request opens the session
     direct.sleep.release.set()
     await _until(lambda: direct.sample(SKIPPED, reason="client_back") == 1)
     assert direct.sent("tool_calls_timed") == 0

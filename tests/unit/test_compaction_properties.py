@@ -25,10 +25,11 @@ from proxy.compaction.budget import Sizer
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.rewrite.volatile import VolatileDetector
-from proxy.sessions import MemoryStore
+from proxy.sessions import MemoryStore, SessionStore
 from proxy.tracker import SessionTracker
 from proxy.upstream import Upstream
 from tests.support.conversations import is_valid_conversation
+from tests.support.stores import CodecStore
 
 LIMIT = 1200
 tokens.provision()
@@ -83,7 +84,9 @@ def request_points(messages: list[dict[str, Any]]) -> list[int]:
     return points
 
 
-async def replay(messages: list[dict[str, Any]], finish: list[bool]) -> list[list[Any]]:
+async def replay(
+    messages: list[dict[str, Any]], finish: list[bool], store: SessionStore | None = None
+) -> list[list[Any]]:
     """The messages forwarded at each step, checked on the way."""
     forwarded: list[list[Any]] = []
     overrides = {"upstream": "http://engine", "context_limit": LIMIT, "summary_wait": 0}
@@ -91,9 +94,10 @@ async def replay(messages: list[dict[str, Any]], finish: list[bool]) -> list[lis
     metrics = Metrics(CollectorRegistry())
     upstream = Upstream(settings_, summarizer_transport())
     detector = VolatileDetector(())
-    tracker = SessionTracker(MemoryStore(10, 60), detector, metrics)
-    compactor = Compactor(settings_, upstream, metrics, mask=detector.mask)
-    compactor._sizer = SIZER
+    tracker = SessionTracker(store or MemoryStore(10, 60), detector, metrics)
+    compactor = Compactor(
+        settings_, upstream, metrics, sizer=SIZER, mask=detector.mask, post=tracker.post
+    )
     tracker.listeners = [compactor]
     high = int(LIMIT * settings_.compaction_high)
     previous: list[Any] | None = None
@@ -151,5 +155,6 @@ async def replay(messages: list[dict[str, Any]], finish: list[bool]) -> list[lis
 @given(sessions(), st.lists(st.booleans(), min_size=1, max_size=8))
 def test_compaction_invariants(messages: list[dict[str, Any]], finish: list[bool]) -> None:
     first = asyncio.run(replay(messages, finish))
-    # The same session, the same summaries at the same moments: the same requests.
-    assert asyncio.run(replay(messages, finish)) == first
+    # The same session, the same summaries at the same moments: the same requests; also
+    # when the session's record lives only as bytes between requests (a shared store).
+    assert asyncio.run(replay(messages, finish, CodecStore())) == first

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from proxy.rewrite import RewriteContext
 from proxy.rewrite.restore import restore_history
 from proxy.sessions import MemoryStore, Session, identify
 from proxy.transcript import chain_keys, exact_chain
+from tests.support.stores import CodecStore
 
 SYSTEM = {"role": "system", "content": "You are an airline agent. Today is 2026-11-29."}
 USER = {"role": "user", "content": "Change my flight ABC123 to Friday."}
@@ -146,13 +148,30 @@ def test_memory_store_is_bounded_by_count_and_idle_time() -> None:
     now = [0.0]
     store = MemoryStore(max_sessions=2, ttl_s=10, clock=lambda: now[0])
     for key in ("a", "b", "c"):
-        store.put(Session(key))
+        assert store.save(Session(key))
     assert store.get("a") is None and len(store) == 2  # least recently used went first
     now[0] = 5
     assert store.get("b") is not None  # touched at 5
     now[0] = 12
     assert store.get("c") is None  # idle since 0
     assert store.get("b") is not None
+
+
+def test_the_store_hands_out_copies_and_saves_compare_and_set() -> None:
+    store = MemoryStore(max_sessions=10, ttl_s=60)
+    assert store.save(Session("s"))
+    first, second = store.get("s"), store.get("s")
+    assert first is not None and second is not None and first is not second
+    first.substitute(b"k", {"role": "assistant", "content": "a"})
+    first.pace.add_gap(2.0, keep=4)
+    untouched = store.get("s")
+    assert untouched is not None and not untouched.substitutions and not untouched.pace.gaps
+    assert store.save(first) and first.version == 2
+    assert not store.save(second)  # loaded before first's save: it would undo it
+    current = store.get("s")
+    assert current is not None and list(current.substitutions) == [b"k"]
+    store.delete("s")
+    assert store.get("s") is None and len(store) == 0
 
 
 def test_substitutions_per_session_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,7 +185,7 @@ def test_substitutions_per_session_are_bounded(monkeypatch: pytest.MonkeyPatch) 
 class Proxy:
     """The session side of the proxy in process: lookup, pipeline, continuity, recording."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: Any = None) -> None:
         from prometheus_client import CollectorRegistry
 
         from proxy import config
@@ -178,8 +197,9 @@ class Proxy:
 
         self.detector = VolatileDetector()
         self.pipeline = Pipeline(default_transforms(config.Settings()))
+        self.registry = CollectorRegistry()
         self.tracker = SessionTracker(
-            MemoryStore(10, 60), self.detector, Metrics(CollectorRegistry())
+            store or MemoryStore(10, 60), self.detector, Metrics(self.registry)
         )
 
     def step(self, messages: list, reply: dict, *, usage: bool = True) -> tuple[list, str]:
@@ -200,12 +220,17 @@ class Proxy:
         return forwarded["messages"], exchange.prefix_break
 
 
+@pytest.fixture(params=["memory", "codec"])
+def proxy(request: pytest.FixtureRequest) -> Proxy:
+    """The same flows with the record kept as bytes between requests (a shared store)."""
+    return Proxy(CodecStore() if request.param == "codec" else None)
+
+
 def clocked(minute: int) -> dict:
     return {"role": "system", "content": f"Be brief.\nNow: 2026-11-29 10:{minute:02d}:00 UTC"}
 
 
-def test_a_clocked_agent_keeps_its_prefix_and_sees_every_new_time() -> None:
-    proxy = Proxy()
+def test_a_clocked_agent_keeps_its_prefix_and_sees_every_new_time(proxy: Proxy) -> None:
     answer = {"role": "assistant", "content": "Sure."}
     first, reason = proxy.step([clocked(1), USER], answer)
     assert reason == "new_session"
@@ -220,17 +245,37 @@ def test_a_clocked_agent_keeps_its_prefix_and_sees_every_new_time() -> None:
     assert third[5] == USER  # the time did not change: no new note
 
 
-def test_a_retried_request_is_forwarded_with_the_same_bytes() -> None:
-    proxy = Proxy()
+def test_a_retried_request_is_forwarded_with_the_same_bytes(proxy: Proxy) -> None:
     answer = {"role": "assistant", "content": "Sure."}
     first, _ = proxy.step([clocked(1), USER], answer)
     again, _ = proxy.step([clocked(1), USER], answer)
     assert again == first  # one note, not none and not two
 
 
-def test_an_upstream_without_usage_still_gets_history_restored() -> None:
-    proxy = Proxy()
+def test_an_upstream_without_usage_still_gets_history_restored(proxy: Proxy) -> None:
     emitted = EMITTED
     proxy.step([SYSTEM, USER], emitted, usage=False)
     sent, reason = proxy.step([SYSTEM, USER, as_langchain_sends_it(emitted), RESULT], emitted)
     assert reason == "none" and sent[2] == emitted
+
+
+def test_two_requests_of_one_session_at_once_both_keep_their_replies(proxy: Proxy) -> None:
+    """Two sub-agents with the same head (one session by fingerprint), in flight together:
+    the second save finds the first's; its reply is recorded into the newer record."""
+    from proxy.exchange import Exchange
+
+    tracker = proxy.tracker
+    other_task = {"role": "assistant", "content": "Which date?"}
+    turns = []
+    for reply in (EMITTED, other_task):
+        request = {"model": "m", "messages": [SYSTEM, USER]}
+        turn = tracker.open({}, request)
+        assert turn is not None
+        exchange = Exchange("/v1/chat/completions", "POST", status=200, reply=reply)
+        tracker.forward(turn, request, exchange)
+        turns.append((turn, exchange))
+    for turn, exchange in turns:
+        tracker.close(turn, exchange)
+    assert proxy.registry.get_sample_value("prefill_proxy_session_conflicts_total") == 1
+    sent, _ = proxy.step([SYSTEM, USER, as_langchain_sends_it(EMITTED), RESULT], EMITTED)
+    assert sent[2] == EMITTED  # the first reply's exact bytes survived the second's save

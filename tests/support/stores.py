@@ -1,0 +1,35 @@
+"""A session store that keeps only bytes (proxy.session_codec), as a networked store does:
+whatever the proxy needs of a session must survive the round trip."""
+
+from __future__ import annotations
+
+import collections
+
+from proxy import session_codec
+from proxy.sessions import Session
+
+
+class CodecStore:
+    def __init__(self) -> None:
+        self._records: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._versions: dict[str, int] = {}
+
+    def get(self, key: str) -> Session | None:
+        data = self._records.get(key)
+        return None if data is None else session_codec.decode(data)
+
+    def save(self, session: Session) -> bool:
+        stored = self._versions.get(session.key)
+        if stored is not None and stored != session.version:
+            return False
+        session.version += 1
+        self._records[session.key] = session_codec.encode(session)
+        self._versions[session.key] = session.version
+        return True
+
+    def delete(self, key: str) -> None:
+        self._records.pop(key, None)
+        self._versions.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._records)
