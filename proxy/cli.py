@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import logging
 import sys
@@ -76,9 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
     for name, module, summary in _TOOLS:
         tool = commands.add_parser(name, help=summary, description=summary)
-        _tool_module(module).configure(tool)
+        try:
+            _tool_module(module).configure(tool)
+        except ModuleNotFoundError:  # an installation of serve alone (the container image)
+            tool.set_defaults(run=functools.partial(_not_installed, name))
+            continue
         tool.set_defaults(run=lambda args, module=module: _tool_module(module).run(args))
     return parser
+
+
+def _not_installed(name: str, args: argparse.Namespace) -> int:
+    print(f"prefill-proxy {name} is not part of this installation (serve only)", file=sys.stderr)
+    return 2
 
 
 # Subcommands beyond serve: each module has configure(parser) and run(args) -> exit code.

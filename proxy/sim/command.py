@@ -137,8 +137,15 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.cli import setup_logging
-    from proxy.sim.app import create_sim_app
-    from proxy.sim.tokenizer import TokenizerError
+
+    try:
+        from proxy.sim.app import create_sim_app
+        from proxy.sim.tokenizer import TokenizerError
+    except ModuleNotFoundError as exc:  # the serving package alone: no simulator extra
+        raise SystemExit(
+            f"prefill-proxy sim needs the 'sim' extra ({exc.name} is missing): "
+            "pip install 'prefill-proxy[sim]'"
+        ) from None
 
     try:
         config = config_from(args)

@@ -49,6 +49,20 @@ def test_runs_as_the_unprivileged_user(podman: Podman, proxy_url: str) -> None:
     assert "prefill-proxy serve" in user and "root" not in user
 
 
+def test_the_image_ships_serve_alone(podman: Podman, proxy_url: str) -> None:
+    shipped = podman.run(
+        "exec",
+        "prefill-proxy-test",
+        "python",
+        "-c",
+        "import importlib.util as u; print([m for m in ('proxy.chat', 'proxy.sim', "
+        "'proxy.replay', 'proxy.demo', 'jinja2', 'matplotlib') if u.find_spec(m)])",
+    ).stdout.strip()
+    assert shipped == "['proxy.chat']"
+    refused = podman.run("exec", "prefill-proxy-test", "prefill-proxy", "sim", check=False)
+    assert refused.returncode == 2 and "not part of this installation" in refused.stderr
+
+
 def test_health_and_ready_against_the_engine(proxy_url: str) -> None:
     assert httpx.get(proxy_url + "/health", timeout=5).status_code == 200
     assert httpx.get(proxy_url + "/ready", timeout=5).status_code == 200

@@ -2,10 +2,11 @@
 ConfigMap and Deployment, through a test-only overlay (below) since the vLLM image cannot
 be pulled here and this machine has no GPU.
 
-The overlay changes only what cannot run here: the vLLM container runs the proxy image's
-`prefill-proxy sim` (same probes and volume), its GPU and 32 GiB requests are dropped,
-images are local, and the pod uses the host network on free ports (the ConfigMap's
-PREFILL_PROXY_PORT and PREFILL_PROXY_UPSTREAM follow).
+The overlay changes only what cannot run here: the vLLM container runs `prefill-proxy sim`
+(the proxy image plus the simulator, which the image leaves out: tests/support/podman.py),
+with the same probes and volume; its GPU and 32 GiB requests are dropped, images are
+local, and the pod uses the host network on free ports (the ConfigMap's PREFILL_PROXY_PORT
+and PREFILL_PROXY_UPSTREAM follow).
 
 What podman 4.3 (Debian bookworm) cannot play, and how the test covers it instead:
 - `ports` with `hostNetwork`: it refuses any ("PortMappings can only be used with Bridge
@@ -30,7 +31,7 @@ import pytest
 import yaml
 
 from proxy.background import free_port
-from tests.support.podman import Build, Podman, wait_until
+from tests.support.podman import Build, Podman, build_engine_image, wait_until
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 GPU = "nvidia.com/gpu"
@@ -45,7 +46,7 @@ def container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
     return found
 
 
-def overlay(image: str, ports: dict[str, int]) -> list[dict[str, Any]]:
+def overlay(image: str, engine_image: str, ports: dict[str, int]) -> list[dict[str, Any]]:
     """The shipped ConfigMap and Deployment, changed only where this machine needs it;
     ``ports`` gives each named container port its number here."""
     (configmap,) = shipped("configmap.yaml")
@@ -58,12 +59,13 @@ def overlay(image: str, ports: dict[str, int]) -> list[dict[str, Any]]:
     assert GPU in engine["resources"]["limits"], "the overlay no longer matches the manifest"
     del engine["resources"]
     engine.update(
-        image=image,
+        image=engine_image,
         command=["prefill-proxy", "sim"],
         args=["--port", str(ports["vllm"]), "--served-model-name", "qwen", "--speed", "50"],
     )
+    container(spec, "prefill-proxy")["image"] = image
     for entry in spec["containers"]:
-        entry.update(image=image, imagePullPolicy="Never")
+        entry["imagePullPolicy"] = "Never"
         assert {p["name"] for p in entry.pop("ports")} <= set(ports)
         for probe in probes(entry).values():
             probe["httpGet"]["port"] = ports[probe["httpGet"]["port"]]
@@ -91,7 +93,7 @@ def client_service_port(ports: dict[str, int]) -> int:
 @pytest.fixture(scope="module")
 def pod(podman: Podman, image: Build, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     ports = {"vllm": free_port(), "proxy": free_port()}
-    docs = overlay(image.image, ports)
+    docs = overlay(image.image, build_engine_image(podman, image), ports)
     manifest = tmp_path_factory.mktemp("kube") / "sidecar.yaml"
     manifest.write_text(yaml.safe_dump_all(docs))
     podman.run("kube", "down", str(manifest), check=False)

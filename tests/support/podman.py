@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from importlib import metadata
 from pathlib import Path
 
 from tests.support.debian import require
@@ -142,6 +143,41 @@ def build_image(podman: Podman) -> Build:
         timeout=900,
     )
     return Build(IMAGE, time.monotonic() - started, podman.image_size(IMAGE))
+
+
+ENGINE_IMAGE = "localhost/prefill-proxy-engine:test"
+# Test-only: the project's image plus the simulator, which the image leaves out (it ships
+# serve alone), to stand in for vLLM where its image cannot be pulled.
+ENGINE_CONTAINERFILE = """\
+FROM {image}
+USER 0
+COPY sim /tmp/sim
+RUN pip install --no-cache-dir jinja2=={jinja2} \\
+    && cp -r /tmp/sim "$(python -c 'import proxy; print(proxy.__path__[0])')/sim" \\
+    && rm -rf /tmp/sim
+USER 10001
+"""
+
+
+def build_engine_image(podman: Podman, image: Build) -> str:
+    with tempfile.TemporaryDirectory() as folder:
+        context = Path(folder)
+        shutil.copytree(ROOT / "proxy" / "sim", context / "sim")
+        containerfile = ENGINE_CONTAINERFILE.format(
+            image=image.image, jinja2=metadata.version("jinja2")
+        )
+        (context / "Containerfile").write_text(containerfile)
+        podman.run(
+            "build",
+            "--network=host",
+            "-v",
+            "/etc/ssl/certs:/etc/ssl/certs:ro",
+            "-t",
+            ENGINE_IMAGE,
+            str(context),
+            timeout=600,
+        )
+    return ENGINE_IMAGE
 
 
 @contextlib.contextmanager
