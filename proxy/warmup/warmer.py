@@ -307,6 +307,10 @@ class Warmer:
         if job.marks and not job.client_back and self._post is not None:
             self._post(job.session_key, _set_warmed)
 
+    def running(self) -> list[asyncio.Task[None]]:
+        """The warm-up tasks in flight or waiting, one per session at most."""
+        return list(self._tasks.values())
+
     async def aclose(self) -> None:
         """Cancel the warm-ups in flight or waiting, and stop reading the engine's metrics."""
         tasks = list(self._tasks.values())

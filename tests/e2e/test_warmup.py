@@ -469,7 +469,7 @@ async def test_a_newer_reply_replaces_the_timed_warmup_and_shutdown_ends_it(engi
     await _until(lambda: len(direct.sleep.delays) == 1 and direct.sent("tool_calls") == 2)
     direct.reply(messages, reply, arrived=1005.0, after_tools=True)  # rounds: 3.0 s, 1.0 s
     await _until(lambda: direct.sleep.delays == [2.7, 0.8] and direct.sent("tool_calls") == 3)
-    waiting = list(direct.warmer._tasks.values())
+    waiting = direct.warmer.running()
     assert len(waiting) == 1  # the first timed one was cancelled by the newer reply
     await direct.warmer.aclose()
     assert waiting[0].cancelled()
