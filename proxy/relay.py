@@ -122,8 +122,10 @@ def _with_fingerprint(event: bytes, fingerprint: Any) -> bytes:
 async def relay_chunks(
     upstream: UpstreamResponse, exchange: Exchange, watcher: ChatStreamWatcher | None
 ) -> AsyncIterator[bytes]:
-    """The upstream body, chunk by chunk. A failure mid-stream ends the client's stream
-    with an OpenAI-style error event (for SSE) instead of a hang or a silent cut."""
+    """The upstream body, chunk by chunk. A failure mid-stream ends a chat stream with an
+    OpenAI-style error event instead of a hang or a silent cut; a body not read event by
+    event raises, and the call ends it (proxy.call.Call.fail: the same event for any event
+    stream, a cut otherwise)."""
     try:
         async for chunk in upstream.iter_bytes():
             if watcher is not None:
@@ -137,5 +139,5 @@ async def relay_chunks(
     except UpstreamError as error:
         exchange.error_kind = error.kind
         if watcher is None:
-            raise  # not SSE: a cut connection is the only honest signal
+            raise
         yield sse_error_event(error)

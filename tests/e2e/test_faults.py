@@ -125,6 +125,19 @@ def test_total_timeout_bounds_a_stream(fake_upstream, start_proxy) -> None:
     assert json.loads(events_of(body)[-2][6:])["error"]["code"] == "upstream_timeout"
 
 
+def test_a_stalled_passthrough_stream_ends_with_an_error_event(fake_upstream, start_proxy) -> None:
+    """Every streamed route, not only chat: the client's SSE parser gets its last word."""
+    proxy = start_proxy(fake_upstream.url, total_timeout=0.3, read_timeout=30)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        body = client.post(
+            "/v1/completions", json=STREAM_REQUEST, headers={"x-fault": "stall-mid-stream"}
+        ).content
+    events = events_of(body)
+    assert events[-1] == b"data: [DONE]\n\n"
+    assert json.loads(events[-2][6:])["error"]["code"] == "upstream_timeout"
+    assert proxy.sample("prefill_proxy_in_flight_requests") == 0
+
+
 def test_refused_upstream_is_502_naming_it(start_proxy) -> None:
     with socket.socket() as sock:  # a port that nothing listens on
         sock.bind(("127.0.0.1", 0))
