@@ -28,8 +28,10 @@ def _text(content: Any) -> Any:
         return content.strip()
     if isinstance(content, list):  # content parts: text parts by their text, others as is
         return [
-            part.get("text", "").strip()
-            if isinstance(part, dict) and part.get("type") == "text"
+            part["text"].strip()
+            if isinstance(part, dict)
+            and part.get("type") == "text"
+            and isinstance(part.get("text"), str)
             else part
             for part in content
         ]
