@@ -53,6 +53,20 @@ def parse_chat_request(body: bytes) -> dict[str, Any]:
     return payload
 
 
+# How vLLM's request models read ``stream`` (pydantic, lax mode): these mean true.
+_TRUE = frozenset({"true", "1", "yes", "on", "t", "y"})
+
+
+def streams(value: Any) -> bool:
+    """Whether the engine will stream: ``true`` and what pydantic reads as true (1, "true",
+    "yes", ...). Anything else is non-stream, or the engine's own 400."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value == 1
+    return isinstance(value, str) and value.strip().lower() in _TRUE
+
+
 def read_reply(body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(usage, the assistant message as emitted) of a non-streamed reply."""
     try:
@@ -80,7 +94,8 @@ class ChatCall(Call):
         body = await self.down.read_body(self.settings.max_body_bytes)
         payload = parse_chat_request(body)
         exchange.model = str(payload.get("model") or "")
-        exchange.stream = payload.get("stream") is True
+        exchange.stream = streams(payload.get("stream"))
+        exchange.observe_gap = self.services.recorder.gap_observer(exchange)
         self.turn = self.open_session(payload)
         forwarded = self.rewrite(payload)
         forwarded = await self.compact(forwarded)
@@ -91,7 +106,10 @@ class ChatCall(Call):
             await self.chat.fanout.admit(forwarded, exchange)
         response = await self.send(content, parsed_body=True)
         if exchange.stream and hdrs.is_event_stream(response.headers):
-            await self.relay(self.reply_headers(keep_length=not self.strip_usage), self.watcher())
+            watcher = self.watcher()
+            await self.relay(self.reply_headers(keep_length=not self.strip_usage), watcher)
+            if watcher.reply_too_long:
+                self.services.recorder.metrics.replies_too_long.inc()
         else:
             await self.reply_whole()
 
@@ -148,7 +166,13 @@ class ChatCall(Call):
         if self.turn is not None and self.chat.sessions is not None:
             # At [DONE], before it is relayed: the client's next request must find it.
             on_reply = functools.partial(self.chat.sessions.close, self.turn)
-        return ChatStreamWatcher(self.exchange, strip_usage=self.strip_usage, on_reply=on_reply)
+        return ChatStreamWatcher(
+            self.exchange,
+            strip_usage=self.strip_usage,
+            on_reply=on_reply,
+            max_event=self.settings.max_sse_event_bytes,
+            max_reply_chars=self.settings.max_reply_chars,
+        )
 
     async def reply_whole(self) -> None:
         """A non-streamed reply: small, and vLLM sends it at once; read it for usage and

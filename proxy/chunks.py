@@ -21,29 +21,44 @@ def carries_token(choice: Any) -> bool:
 
 class ReplyAssembler:
     """Rebuilds the assistant message of a streamed reply from its chunks, exactly as
-    emitted: content, reasoning and each tool call's argument string, concatenated."""
+    emitted: content, reasoning and each tool call's argument string, concatenated.
 
-    def __init__(self) -> None:
+    Bounded: past ``max_chars`` characters of text it lets go of what it kept
+    (``too_long``), so an unending stream costs constant memory; such a reply is not
+    recorded, and the next request is forwarded as the client sends it."""
+
+    def __init__(self, max_chars: int | None = None) -> None:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}
         self._arguments: dict[int, list[str]] = {}
+        self._room = max_chars
+        self.too_long = False
 
     def feed(self, payload: dict[str, Any]) -> None:
         choices = payload.get("choices")
-        if not isinstance(choices, list):
+        if not isinstance(choices, list) or self.too_long:
             return
         for choice in choices:
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if not isinstance(delta, dict) or choice.get("index", 0) != 0:
                 continue
             if isinstance(delta.get("content"), str):
-                self._content.append(delta["content"])
+                self._keep(self._content, delta["content"])
             if isinstance(delta.get("reasoning_content"), str):
-                self._reasoning.append(delta["reasoning_content"])
+                self._keep(self._reasoning, delta["reasoning_content"])
             for call in delta.get("tool_calls") or ():
                 if isinstance(call, dict):
                     self._feed_call(call)
+
+    def _keep(self, parts: list[str], text: str) -> None:
+        if self._room is not None:
+            self._room -= len(text)
+            if self._room < 0:
+                self.too_long = True
+                self._content, self._reasoning, self._calls, self._arguments = [], [], {}, {}
+                return
+        parts.append(text)
 
     def _feed_call(self, call: dict[str, Any]) -> None:
         index = call.get("index", 0)
@@ -58,9 +73,12 @@ class ReplyAssembler:
         if function.get("name"):
             known["function"]["name"] = function["name"]
         if isinstance(function.get("arguments"), str):
-            self._arguments.setdefault(index, []).append(function["arguments"])
+            self._keep(self._arguments.setdefault(index, []), function["arguments"])
 
-    def message(self) -> dict[str, Any]:
+    def message(self) -> dict[str, Any] | None:
+        """The reply as emitted; None when it was too long to keep."""
+        if self.too_long:
+            return None
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content)}
         if self._reasoning:
             message["reasoning_content"] = "".join(self._reasoning)

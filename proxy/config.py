@@ -41,6 +41,17 @@ class Settings:
     max_body_bytes: int = _setting(
         64 * 1024 * 1024, "Largest request body accepted; larger ones get 413."
     )
+    max_sse_event_bytes: int = _setting(
+        8 * 1024 * 1024,
+        "Largest server-sent event accepted from the upstream; a stream with a longer one "
+        "ends with an error event (upstream_broken).",
+    )
+    max_reply_chars: int = _setting(
+        4 * 1024 * 1024,
+        "Longest streamed reply (content, reasoning, tool-call arguments) kept for the "
+        "session record; a longer one is not recorded (its history is forwarded as the "
+        "client sends it) and is counted in prefill_proxy_replies_too_long_total.",
+    )
     connect_timeout: float = _setting(10.0, "Seconds to open a connection to the upstream.")
     read_timeout: float = _setting(
         600.0,
@@ -170,8 +181,9 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.upstream.startswith(("http://", "https://")):
             raise SettingsError(f"upstream must be an http(s) URL, got {self.upstream!r}")
-        if self.max_body_bytes <= 0:
-            raise SettingsError("max_body_bytes must be positive")
+        for name in ("max_body_bytes", "max_sse_event_bytes", "max_reply_chars"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be positive")
         for name in ("connect_timeout", "read_timeout", "keepalive_expiry"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")

@@ -42,13 +42,19 @@ class Exchange:
     context_overflow: bool = False  # the engine refused the prompt as too long
     # Called once, at the first token or (without one) when the exchange ends.
     on_first_token: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    # Where inter-token gaps go as they happen (Recorder.gap_observer), so a long stream
+    # keeps none of them; without one they are kept in token_gaps until the end.
+    observe_gap: Callable[[float], None] | None = None
 
     def mark_token(self, now: float) -> None:
         if self.first_token_at is None:
             self.first_token_at = now
             self.first_token_reached()
         elif self.last_token_at is not None:
-            self.token_gaps.append(now - self.last_token_at)
+            if self.observe_gap is not None:
+                self.observe_gap(now - self.last_token_at)
+            else:
+                self.token_gaps.append(now - self.last_token_at)
         self.last_token_at = now
 
     def first_token_reached(self) -> None:
@@ -89,6 +95,11 @@ class Recorder:
     def begin(self, route: str, method: str) -> Exchange:
         self.in_flight += 1
         return Exchange(route, method)
+
+    def gap_observer(self, exchange: Exchange) -> Callable[[float], None]:
+        """Where ``exchange``'s inter-token gaps go once its route and model are known."""
+        model = self.metrics.model_label(exchange.model or "unknown")
+        return self.metrics.inter_token_latency.labels(exchange.route, model).observe
 
     def finish(self, exchange: Exchange) -> None:
         ended = time.perf_counter()

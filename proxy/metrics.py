@@ -222,6 +222,12 @@ class Metrics:
             "Session store failures (the request went on without its session: fail open).",
             registry=registry,
         )
+        self.replies_too_long = Counter(
+            "prefill_proxy_replies_too_long",
+            "Streamed replies longer than max_reply_chars: relayed whole, not recorded "
+            "into their session (the next request's history is forwarded as sent).",
+            registry=registry,
+        )
         self.session_conflicts = Counter(
             "prefill_proxy_session_conflicts",
             "Saves of a session record that another request of the same session saved "

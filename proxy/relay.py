@@ -8,7 +8,7 @@ from typing import Any
 
 from proxy import jsonio, sse
 from proxy.chunks import ReplyAssembler, carries_token
-from proxy.errors import UpstreamError, sse_error_event
+from proxy.errors import UpstreamError, UpstreamProtocolError, sse_error_event
 from proxy.exchange import Exchange
 from proxy.upstream import UpstreamResponse
 
@@ -31,14 +31,16 @@ class ChatStreamWatcher:
         *,
         strip_usage: bool,
         on_reply: Callable[[Exchange], None] | None = None,
+        max_event: int | None = None,
+        max_reply_chars: int | None = None,
     ) -> None:
         self._exchange = exchange
         self._strip_usage = strip_usage
         # Called with the complete reply when [DONE] comes, before it is relayed: clients
         # send their next request the moment they see it, and it must find the session.
         self._on_reply = on_reply
-        self._assembler = ReplyAssembler() if on_reply is not None else None
-        self._splitter = sse.EventSplitter()
+        self._assembler = ReplyAssembler(max_reply_chars) if on_reply is not None else None
+        self._splitter = sse.EventSplitter(max_event)
         self._held: list[bytes] = []
         self.error: Any = None
 
@@ -53,6 +55,10 @@ class ChatStreamWatcher:
         rest = b"".join(self._held) + self._splitter.flush()
         self._held = []
         return rest
+
+    @property
+    def reply_too_long(self) -> bool:
+        return self._assembler is not None and self._assembler.too_long
 
     def _reply_complete(self) -> None:
         if self._assembler is not None and self._on_reply is not None:
@@ -129,7 +135,10 @@ async def relay_chunks(
     try:
         async for chunk in upstream.iter_bytes():
             if watcher is not None:
-                chunk = watcher.relay(chunk, time.perf_counter())
+                try:
+                    chunk = watcher.relay(chunk, time.perf_counter())
+                except sse.EventTooLarge as exc:
+                    raise UpstreamProtocolError(f"the upstream broke the stream: {exc}") from exc
             if chunk:
                 yield chunk
         if watcher is not None and (rest := watcher.flush()):

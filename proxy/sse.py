@@ -9,7 +9,7 @@ from __future__ import annotations
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
-def _boundary_end(buffer: bytes, start: int, any_cr: bool) -> int:
+def _boundary_end(buffer: bytes | bytearray, start: int, any_cr: bool) -> int:
     """Index just past the first event terminator at or after ``start``, or -1."""
     if not any_cr:  # the common case (vLLM writes LF only): one scan
         found = buffer.find(b"\n\n", start)
@@ -22,29 +22,48 @@ def _boundary_end(buffer: bytes, start: int, any_cr: bool) -> int:
     return best
 
 
+class EventTooLarge(ValueError):
+    """An event grew past the splitter's limit without ending."""
+
+
 class EventSplitter:
     """Feed it chunks as they arrive; it returns each whole event, bytes unchanged.
 
     Only an incomplete trailing event is held back: a client cannot act on it anyway.
+    Work is linear in the bytes fed, however an event is split (a held event is appended
+    to, and only its new bytes are searched), and a held event is bounded by
+    ``max_event`` bytes (``EventTooLarge``), so one unending event costs neither
+    quadratic time nor unbounded memory.
     """
 
-    def __init__(self) -> None:
-        self._pending = b""
+    def __init__(self, max_event: int | None = None) -> None:
+        self._pending = bytearray()
+        self._max = max_event
+        self._any_cr = False
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        buffer = self._pending + chunk if self._pending else chunk
+        self._any_cr = self._any_cr or b"\r" in chunk
+        if not self._pending:  # the common case: the chunk holds whole events
+            buffer: bytes | bytearray = chunk
+            start = scan = 0
+        else:
+            scan = max(len(self._pending) - 3, 0)  # a terminator may span the two
+            self._pending += chunk
+            buffer, start = self._pending, 0
         events: list[bytes] = []
-        start = 0
-        any_cr = b"\r" in buffer
-        while (end := _boundary_end(buffer, start, any_cr)) >= 0:
-            events.append(buffer[start:end])
+        while (end := _boundary_end(buffer, max(start, scan), self._any_cr)) >= 0:
+            events.append(bytes(buffer[start:end]))
             start = end
-        self._pending = buffer[start:]
+        rest = buffer[start:]
+        if self._max is not None and len(rest) > self._max:
+            self._pending = bytearray()
+            raise EventTooLarge(f"an event grew past {self._max} bytes without ending")
+        self._pending = bytearray(rest) if buffer is chunk or start else self._pending
         return events
 
     def flush(self) -> bytes:
         """Whatever was left when the stream ended (an unterminated last event)."""
-        rest, self._pending = self._pending, b""
+        rest, self._pending = bytes(self._pending), bytearray()
         return rest
 
 

@@ -118,6 +118,11 @@ class Summaries:
                 outcome = "late"
             except TimeoutError:
                 outcome = "missing"
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # this request itself is being cancelled
+                outcome = "late"  # another request's event cancelled the summary: failed
             except Exception:  # it ended in an error: read from the task below
                 outcome = "late"
             self._metrics.compaction_wait.observe(time.perf_counter() - waited)

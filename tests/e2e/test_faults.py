@@ -138,6 +138,49 @@ def test_a_stalled_passthrough_stream_ends_with_an_error_event(fake_upstream, st
     assert proxy.sample("prefill_proxy_in_flight_requests") == 0
 
 
+def test_an_upstream_event_past_the_limit_ends_the_stream_with_an_error(
+    fake_upstream, start_proxy
+) -> None:
+    """One event that never ends: held up to max_sse_event_bytes, then the stream ends
+    with an error event (not 20 s of CPU and the event held whole in memory)."""
+    proxy = start_proxy(fake_upstream.url, max_sse_event_bytes=1_000_000)
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        body = client.post(
+            CHAT, json=STREAM_REQUEST, headers={"x-fault": "huge-event-20000000"}
+        ).content
+    events = events_of(body)
+    assert json.loads(events[1][6:])["choices"][0]["delta"]["content"] == WORDS[0]
+    assert events[-1] == b"data: [DONE]\n\n"
+    assert json.loads(events[-2][6:])["error"]["code"] == "upstream_broken"
+    assert proxy.sample("prefill_proxy_upstream_errors_total", kind="read") == 1
+    assert proxy.sample("prefill_proxy_in_flight_requests") == 0
+
+
+@pytest.mark.parametrize("stream", [1, "true", "True", "yes"])
+def test_stream_as_vllm_reads_it_is_streamed(fake_upstream, start_proxy, stream) -> None:
+    proxy = start_proxy(fake_upstream.url)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        response = client.post(CHAT, json={**STREAM_REQUEST, "stream": stream})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    forwarded = json.loads(fake_upstream.received[-1].body)
+    assert forwarded["stream_options"] == {"include_usage": True}  # usage asked for it
+    assert b'"usage"' not in response.content  # and taken out again, as for stream: true
+    assert proxy.sample("prefill_proxy_prompt_tokens_total", route=CHAT, model="m") == 40
+
+
+def test_a_reply_too_long_to_keep_is_relayed_whole_and_not_recorded(
+    fake_upstream, start_proxy
+) -> None:
+    proxy = start_proxy(fake_upstream.url, max_reply_chars=10)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        body = client.post(CHAT, json=STREAM_REQUEST).content
+    assert [
+        json.loads(e[6:])["choices"][0]["delta"].get("content") for e in events_of(body)[1:4]
+    ] == WORDS
+    assert proxy.sample("prefill_proxy_replies_too_long_total") == 1
+    assert proxy.sample("prefill_proxy_sessions_active") == 0
+
+
 def test_refused_upstream_is_502_naming_it(start_proxy) -> None:
     with socket.socket() as sock:  # a port that nothing listens on
         sock.bind(("127.0.0.1", 0))

@@ -3,7 +3,8 @@ refuse, reset mid-stream, stall, answer 5xx. Also a fast upstream for the overhe
 
 Behaviour is chosen per request by the ``x-fault`` header (the proxy forwards it):
 ``reset-mid-stream``, ``stall-headers``, ``stall-mid-stream``, ``status-503``,
-``status-400``. Without it, a deterministic chat completion (stream or not) with usage.
+``status-400``, ``huge-event-N`` (after two events, one of N bytes that never ends, sent
+in 64 KiB chunks). Without it, a deterministic chat completion (stream or not) with usage.
 It records every request it receives, so tests can check what the proxy forwarded
 (``record=False`` turns that off, so a long benchmark run does not grow its memory).
 """
@@ -162,6 +163,18 @@ class FakeUpstream:
             pass
         self.peer_closed.set()
 
+    async def _send_endless_event(self, writer: asyncio.StreamWriter, size: int) -> None:
+        piece = b"data: " + b"x" * (64 * 1024 - 6)
+        sent = 0
+        with contextlib.suppress(ConnectionError):
+            while sent < size:
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+                sent += len(piece)
+                piece = b"x" * (64 * 1024)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
     async def _respond(
         self, request: Received, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
@@ -206,6 +219,9 @@ class FakeUpstream:
                 return False
             if index == 2 and fault == "stall-mid-stream":
                 await self._wait_for_peer_close(reader, writer)
+                return False
+            if index == 2 and fault.startswith("huge-event-"):
+                await self._send_endless_event(writer, int(fault.removeprefix("huge-event-")))
                 return False
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
             await writer.drain()

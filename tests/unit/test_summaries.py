@@ -117,3 +117,15 @@ async def test_settling_on_a_new_cut_cancels_a_summary_that_does_not_extend_it()
     h.summaries.settled("s", b"elsewhere")
     await asyncio.sleep(0)
     assert pending.task.cancelled() and h.summaries.running() == []
+
+
+@pytest.mark.anyio
+async def test_a_summary_cancelled_while_waited_for_is_failed_for_the_waiter() -> None:
+    """Two conversations sharing a head: one waits for the summary that the other's event
+    makes useless and cancels. The waiter falls back; it does not get the cancellation."""
+    h = Harness(Engine(), summary_wait=5)
+    pending = h.summaries.start("s", ASK, (), base=None)
+    waiter = asyncio.create_task(h.summaries.wait("s", pending))
+    await asyncio.sleep(0.01)
+    h.summaries.settled("s", b"elsewhere")
+    assert await waiter == "failed" and h.outcomes("failed") == 1
