@@ -23,6 +23,7 @@ from proxy.exchange import Recorder
 from proxy.fanout import FanoutGate
 from proxy.metrics import Metrics
 from proxy.passthrough import PassthroughCall
+from proxy.paths import PathPolicy
 from proxy.rewrite import Pipeline, Transform
 from proxy.rewrite.canonical_tools import canonical_tools
 from proxy.rewrite.restore import restore_history
@@ -112,6 +113,7 @@ def create_app(
         fanout=fanout,
     )
     probes = Probes(services)
+    paths = PathPolicy(settings.passthrough_paths)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -149,7 +151,7 @@ def create_app(
             Route("/metrics", probes.metrics, methods=["GET"]),
             Route(
                 "/{path:path}",
-                Endpoint(lambda down: PassthroughCall(services, down)),
+                Endpoint(lambda down: PassthroughCall(services, down, paths)),
                 methods=PASSTHROUGH_METHODS,
             ),
         ]

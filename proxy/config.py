@@ -73,6 +73,12 @@ class Settings:
     rewrite: bool = _setting(
         True, "Apply the rewrite pipeline to /v1/chat/completions (false: pure passthrough)."
     )
+    passthrough_paths: tuple[str, ...] = _setting(
+        (),
+        "Paths forwarded besides vLLM's OpenAI, token, model, version and health routes "
+        "(proxy/paths.py), e.g. /reset_prefix_cache or /pooling/* (what is under it); * "
+        "forwards every path. Others get 404 (comma-separated in env and CLI).",
+    )
     disabled_rewrites: tuple[str, ...] = _setting(
         (), "Rewrite transforms to switch off, by name (comma-separated in env and CLI)."
     )

@@ -28,6 +28,14 @@ class BadRequest(ProxyError):
     code = "invalid_json"
 
 
+class NotForwarded(ProxyError):
+    """A path the proxy does not forward (proxy.paths)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
 class BodyTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"

@@ -181,6 +181,24 @@ def test_a_reply_too_long_to_keep_is_relayed_whole_and_not_recorded(
     assert proxy.sample("prefill_proxy_sessions_active") == 0
 
 
+@pytest.mark.parametrize("target", ["/v1/../metrics", "/v1/./models/../../reset_prefix_cache"])
+def test_dot_segments_on_the_wire_never_reach_the_upstream(
+    fake_upstream, start_proxy, target: str
+) -> None:
+    """HTTP clients resolve dot segments before sending; a raw request line need not."""
+    proxy = start_proxy(fake_upstream.url, passthrough_paths=("*",))
+    host, port = proxy.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"GET {target} HTTP/1.1\r\nhost: p\r\nconnection: close\r\n\r\n".encode())
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404")
+    assert json.loads(body)["error"]["code"] == "not_found"
+    assert fake_upstream.received == []
+
+
 def test_refused_upstream_is_502_naming_it(start_proxy) -> None:
     with socket.socket() as sock:  # a port that nothing listens on
         sock.bind(("127.0.0.1", 0))

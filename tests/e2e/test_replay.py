@@ -152,11 +152,12 @@ def sim_url() -> Iterator[str]:
         yield url
 
 
-def replay_summary(url: str, profile: str, *, reset: bool = True) -> dict:
+def replay_summary(url: str, profile: str, *, engine: str | None = None) -> dict:
+    """A replay at ``url``, from a reset cache (``engine``'s, when ``url`` is a proxy)."""
+
     async def go() -> dict:
         async with make_client(2, 30) as http:
-            if reset:
-                await reset_prefix_cache(http, url)
+            await reset_prefix_cache(http, engine or url)
             model = await discover_model(http, url)
             replayer = Replayer(http, url, Options(model=model, profile=profile))
             run = await replayer.run(CONVERSATIONS)
@@ -187,8 +188,8 @@ def test_the_proxy_restores_the_ideal_prefix_on_the_simulator(sim_url: str, star
     proxy = start_proxy(sim_url)
     ideal = replay_summary(sim_url, "faithful")
     mixed = replay_summary(sim_url, "mixed")
-    faithful_proxied = replay_summary(proxy.url, "faithful")
-    mixed_proxied = replay_summary(proxy.url, "mixed")
+    faithful_proxied = replay_summary(proxy.url, "faithful", engine=sim_url)
+    mixed_proxied = replay_summary(proxy.url, "mixed", engine=sim_url)
     for summary in (ideal, mixed, faithful_proxied, mixed_proxied):
         assert summary["errors"] == 0 and summary["requests"] == len(STEPS)
     share = "cached_share_after_first_step"

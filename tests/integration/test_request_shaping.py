@@ -130,7 +130,7 @@ async def test_passthrough_keeps_method_path_query_headers_body(make_proxy) -> N
     def echo(request: httpx.Request) -> httpx.Response:
         return httpx.Response(207, content=b"raw bytes", headers={"x-upstream": "yes"})
 
-    proxy = make_proxy(echo)
+    proxy = make_proxy(echo, passthrough_paths=("/some/*",))
     response = await proxy.client.request(
         "PUT", "/some/path%20x?a=1&b=%2F", content=b"\x00\x01", headers={"x-client": "c"}
     )
@@ -146,6 +146,39 @@ async def test_passthrough_keeps_method_path_query_headers_body(make_proxy) -> N
         proxy.sample("prefill_proxy_requests_total", route="other", model="unknown", status="207")
         == 1
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ("/reset_prefix_cache", ()),  # vLLM's development endpoints
+        ("/v1/%2e%2e/metrics", ("*",)),  # decoded: /v1/../metrics, the engine's /metrics
+        ("/anything", ("/v1/*",)),
+    ],
+)
+async def test_paths_off_the_allow_list_are_404_and_never_sent(
+    make_proxy, path: str, allowed: tuple[str, ...]
+) -> None:
+    proxy = make_proxy(passthrough_paths=allowed)
+    response = await proxy.client.post(path, content=b"{}")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+    assert proxy.seen == []
+    assert (
+        proxy.sample("prefill_proxy_requests_total", route="other", model="unknown", status="404")
+        == 1
+    )
+
+
+async def test_passthrough_paths_lets_more_through(make_proxy) -> None:
+    proxy = make_proxy(
+        lambda r: httpx.Response(200, json={}),
+        passthrough_paths=("/pooling/*", "/reset_prefix_cache"),
+    )
+    assert (await proxy.client.post("/reset_prefix_cache")).status_code == 200
+    assert (await proxy.client.post("/pooling/x")).status_code == 200
+    assert (await proxy.client.post("/poolingx")).status_code == 404
+    assert [r.url.path for r in proxy.seen] == ["/reset_prefix_cache", "/pooling/x"]
 
 
 async def test_known_routes_pass_through(make_proxy) -> None:
