@@ -30,7 +30,7 @@ from proxy.rewrite.restore import restore_history
 from proxy.rewrite.template_kwargs import pin_template_kwargs
 from proxy.rewrite.tool_batching import tool_batching
 from proxy.rewrite.volatile import VolatileDetector, move_volatile
-from proxy.routes import Endpoint, ErrorBoundary, Probes, http_error
+from proxy.routes import Endpoint, Probes, http_error, internal_error_handler
 from proxy.sessions import MemoryStore
 from proxy.tracker import SessionTracker
 from proxy.upstream import Upstream
@@ -136,11 +136,13 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
-        exception_handlers={HTTPException: http_error},
+        exception_handlers={
+            HTTPException: http_error,
+            Exception: internal_error_handler(metrics),
+        },
     )
     app.state.settings = settings
     app.state.metrics = metrics
-    app.add_middleware(ErrorBoundary, metrics=metrics)
     # Plain ASGI endpoints for proxied routes: each call reads the body itself (size limit,
     # raw bytes) and writes its response, so FastAPI's machinery would only add cost.
     app.router.routes.extend(

@@ -66,7 +66,7 @@ class Call:
             self.services.recorder.metrics.internal_errors.labels(self.exchange.route).inc()
             await self.fail(InternalError("the proxy failed on this request"))
         finally:
-            await self.down.close()
+            self.down.close()
             if self.response is not None:
                 # No shield needed: the connection is released before aclose's first await.
                 await self.response.aclose()

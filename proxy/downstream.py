@@ -10,7 +10,6 @@ relaying), so one ``try/finally`` there always finishes the exchange.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -122,13 +121,13 @@ class Downstream:
         await self.start(status, [*headers, (b"content-length", str(len(body)).encode())])
         await self.end(body)
 
-    async def close(self) -> None:
-        """Stop watching for the client leaving."""
+    def close(self) -> None:
+        """Stop watching for the client leaving. After a whole response there is nothing
+        to do: the server ends the watcher's wait itself (``receive`` answers
+        ``http.disconnect`` once the response is complete), cheaper than a cancellation."""
         watcher, self._watcher = self._watcher, None
-        if watcher is not None:
+        if watcher is not None and not self._done:
             watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
 
     async def _message(self, message: dict[str, Any]) -> None:
         try:

@@ -1,11 +1,11 @@
 """HTTP endpoints: each hands its request to the call that tells its story (proxy.chat,
 proxy.passthrough) or answers it itself (health, readiness, metrics); and the app's error
-boundary, so that no error reaches a client as anything but OpenAI-style JSON."""
+handlers, so that no error reaches a client as anything but OpenAI-style JSON."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -75,36 +75,16 @@ async def http_error(request: Request, exc: Exception) -> Response:
     )
 
 
-class ErrorBoundary:
-    """ASGI middleware: an exception no endpoint handled is a bug. It is logged once with
-    its traceback, counted, and answered as a 500 ``internal_error`` in OpenAI's shape
-    (if the response has not begun; otherwise the connection is cut)."""
+def internal_error_handler(
+    metrics: Metrics,
+) -> Callable[[Request, Exception], Coroutine[Any, Any, Response]]:
+    """Starlette's last resort for an exception no endpoint handled (a bug): a counted 500
+    ``internal_error`` in OpenAI's shape. Starlette then re-raises it to the server, which
+    logs it once with its traceback (the calls catch and log their own)."""
 
-    def __init__(self, app: Any, metrics: Metrics) -> None:
-        self._app = app
-        self._metrics = metrics
+    async def handle(request: Request, exc: Exception) -> Response:
+        metrics.internal_errors.labels("other").inc()
+        body = error_body("the proxy failed on this request", "server_error", "internal_error")
+        return Response(jsonio.dumps(body), status_code=500, media_type=JSON)
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        started = False
-
-        async def tracked(message: Any) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self._app(scope, receive, tracked)
-        except Exception:
-            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
-            self._metrics.internal_errors.labels("other").inc()
-            if started:
-                raise
-            body = jsonio.dumps(
-                error_body("the proxy failed on this request", "server_error", "internal_error")
-            )
-            headers = [(b"content-type", JSON.encode()), (b"content-length", b"%d" % len(body))]
-            await send({"type": "http.response.start", "status": 500, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+    return handle

@@ -217,6 +217,8 @@ class SessionTracker:
                 return
             self._metrics.session_conflicts.inc()
             fresh = self.store.get(key) or Session(key)
+            if fresh.last_chain == turn.session.last_chain:
+                return  # the other save recorded this same conversation and reply (a retry)
             posted = self._apply_posted(fresh)
             self._remember(turn, fresh, exchange)
             if self.store.save(fresh):
