@@ -22,6 +22,7 @@ from proxy.config import Settings
 from proxy.downstream import ClientGone, Downstream
 from proxy.errors import InternalError, ProxyError, UpstreamError, sse_error_event
 from proxy.exchange import Recorder
+from proxy.failopen import FailOpenLog
 from proxy.relay import ChatStreamWatcher, relay_chunks
 from proxy.upstream import Upstream, UpstreamResponse
 
@@ -38,6 +39,11 @@ class Services:
     settings: Settings
     upstream: Upstream
     recorder: Recorder
+    # A bug's traceback once per kind, then a line at most a minute (a request that
+    # triggers it every time must not flood the log).
+    bugs: FailOpenLog = dataclasses.field(
+        default_factory=lambda: FailOpenLog(log, outcome="answered 500 internal_error")
+    )
 
 
 class Call:
@@ -61,8 +67,8 @@ class Call:
         except asyncio.CancelledError:
             if not self.down.cancelled_by_client():
                 raise
-        except Exception:  # a bug: the client still gets an answer, the log a traceback
-            log.exception("%s %s failed", self.down.method, self.exchange.route)
+        except Exception as exc:  # a bug: the client still gets an answer, the log a traceback
+            self.services.bugs.failed(f"{self.down.method} {self.exchange.route}", exc)
             self.services.recorder.metrics.internal_errors.labels(self.exchange.route).inc()
             await self.fail(InternalError("the proxy failed on this request"))
         finally:

@@ -21,6 +21,7 @@ from proxy.chunks import reply_message
 from proxy.compaction import Compactor
 from proxy.downstream import Downstream
 from proxy.errors import BadRequest
+from proxy.failopen import FailOpenLog
 from proxy.fanout import FanoutGate
 from proxy.relay import ChatStreamWatcher
 from proxy.rewrite import Pipeline, RewriteContext
@@ -41,6 +42,7 @@ class ChatServices(Services):
     sessions: SessionTracker | None = None
     compactor: Compactor | None = None
     fanout: FanoutGate | None = None
+    failures: FailOpenLog = dataclasses.field(default_factory=lambda: FailOpenLog(log))
 
 
 def parse_chat_request(body: bytes) -> dict[str, Any]:
@@ -100,7 +102,7 @@ class ChatCall(Call):
         forwarded = self.rewrite(payload)
         forwarded = await self.compact(forwarded)
         forwarded = self.ask_for_usage(forwarded)
-        content = body if forwarded is payload else jsonio.dumps(forwarded)
+        content = body if forwarded is payload else self.encode(forwarded, body)
         self.log_body("request", content)
         if self.chat.fanout is not None:
             await self.chat.fanout.admit(forwarded, exchange)
@@ -147,8 +149,8 @@ class ChatCall(Call):
         if compactor is not None and self.rewriting:
             try:
                 forwarded = await compactor.apply(forwarded, turn, self.exchange)
-            except Exception:  # fail open: the request goes on uncompacted
-                log.exception("compaction failed; forwarding the request uncompacted")
+            except Exception as exc:  # fail open: the request goes on uncompacted
+                self.chat.failures.failed("compaction", exc)
                 self.exchange.rewrite_failures += ("compaction",)
         aligned = None if forwarded.get("messages") is rewritten else rewritten
         sessions.forward(turn, forwarded, self.exchange, rewritten_messages=aligned)
@@ -160,6 +162,14 @@ class ChatCall(Call):
             self.strip_usage = True
             return with_usage
         return forwarded
+
+    def encode(self, forwarded: dict[str, Any], body: bytes) -> bytes:
+        try:
+            return jsonio.dumps(forwarded)
+        except jsonio.InvalidJSON as exc:  # fail open: the client's own bytes go instead
+            log.warning("cannot encode the rewritten request (%s); forwarding it as sent", exc)
+            self.exchange.rewrite_failures += ("encode",)
+            return body
 
     def watcher(self) -> ChatStreamWatcher:
         on_reply = None

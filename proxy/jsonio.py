@@ -13,6 +13,10 @@ from typing import Any
 
 import orjson
 
+# Deepest nesting read: orjson's own limit. A deeper body is refused (a 400 for a client's
+# request), not handed to the standard library, whose recursion would fail further on.
+MAX_DEPTH = 1024
+
 
 class InvalidJSON(ValueError):
     pass
@@ -21,18 +25,22 @@ class InvalidJSON(ValueError):
 def loads(data: bytes | str) -> Any:
     try:
         return orjson.loads(data)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):
+            raise InvalidJSON(f"nested deeper than {MAX_DEPTH} levels") from exc
         try:
             return json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidJSON(str(exc)) from exc
+        except (ValueError, UnicodeDecodeError, RecursionError) as fallback:
+            raise InvalidJSON(str(fallback)) from fallback
 
 
 def dumps(value: Any) -> bytes:
+    """Compact JSON; InvalidJSON for a value nested too deep to encode (orjson stops at
+    255 levels, the standard library near Python's recursion limit)."""
     try:
         return orjson.dumps(value)
     except TypeError:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        return _fallback(value, separators=(",", ":"))
 
 
 def dumps_canonical(value: Any) -> bytes:
@@ -40,4 +48,11 @@ def dumps_canonical(value: Any) -> bytes:
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except TypeError:
-        return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str).encode()
+        return _fallback(value, sort_keys=True, default=str)
+
+
+def _fallback(value: Any, **options: Any) -> bytes:
+    try:
+        return json.dumps(value, ensure_ascii=False, **options).encode()
+    except RecursionError as exc:
+        raise InvalidJSON("nested too deep to encode") from exc

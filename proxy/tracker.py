@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 from proxy import prefix
 from proxy.exchange import Exchange, token_counts
+from proxy.failopen import FailOpenLog
+from proxy.jsonio import InvalidJSON
 from proxy.metrics import Metrics
 from proxy.rewrite.template_kwargs import pinnable
 from proxy.rewrite.volatile import VolatileDetector, note_target, volatile_lines
@@ -78,6 +80,7 @@ class SessionTracker:
         self.on_open: list[Callable[[str], None]] = []
         self._posted: collections.OrderedDict[str, list[Change]] = collections.OrderedDict()
         self._max_posted = max_posted
+        self._failures = FailOpenLog(log)
         metrics.sessions_active.set_function(lambda: len(store))
 
     def _apply_posted(self, session: Session) -> int:
@@ -108,16 +111,21 @@ class SessionTracker:
         if not isinstance(messages, list):
             return None
         try:
+            keys = chain_keys(messages, self.detector.mask)
+        except InvalidJSON as exc:  # fail open: a body too odd to key goes on as sent
+            self._failures.failed("session keys", exc)
+            return None
+        try:
             key, _source = identify(headers, request, self.detector.mask)
             session = self.store.get(key) or Session(key)
-        except Exception:  # fail open: the request goes on without its session
-            log.exception("session lookup failed")
+        except Exception as exc:  # fail open: the request goes on without its session
+            self._failures.failed("session lookup", exc)
             self._metrics.session_errors.inc()
             return None
         posted = self._apply_posted(session)
         for opened in self.on_open:
             opened(key)
-        turn = Turn(session, messages, chain_keys(messages, self.detector.mask))
+        turn = Turn(session, messages, keys)
         turn.posted = posted
         turn.follows_tool_calls = session.last_reply_tool_calls > 0
         turn.warmed = session.warmed
@@ -144,8 +152,8 @@ class SessionTracker:
             return
         try:
             continuity = prefix.classify(turn.session, turn.forwarded_messages, turn.tools)
-        except Exception:  # fail open: a metric is not worth a request
-            log.exception("prefix continuity failed")
+        except Exception as exc:  # fail open: a metric is not worth a request
+            self._failures.failed("prefix continuity", exc)
             self._metrics.session_errors.inc()
             return
         exchange.prefix_break = continuity.reason
@@ -167,16 +175,16 @@ class SessionTracker:
         turn.recorded = True
         try:
             self._remember(turn, turn.session, exchange)
-        except Exception:  # fail open
-            log.exception("session update failed")
+        except Exception as exc:  # fail open
+            self._failures.failed("session update", exc)
             self._metrics.session_errors.inc()
             return
         for listener in self.listeners:
             try:
                 listener.after_reply(turn, exchange)
-            except Exception:  # fail open: follow-up work never costs the reply
+            except Exception as exc:  # fail open: follow-up work never costs the reply
                 name = type(listener).__name__
-                log.exception("%s failed after a reply", name)
+                self._failures.failed(f"{name} after a reply", exc)
                 self._metrics.listener_failures.labels(name).inc()
         self._save(turn, exchange)
 
@@ -225,6 +233,6 @@ class SessionTracker:
                 self._consume_posted(key, posted)
             else:
                 log.warning("session %s changed twice during one save; reply not kept", key)
-        except Exception:  # fail open
-            log.exception("session save failed")
+        except Exception as exc:  # fail open
+            self._failures.failed("session save", exc)
             self._metrics.session_errors.inc()

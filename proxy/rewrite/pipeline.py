@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from proxy.failopen import FailOpenLog
 from proxy.sessions import Session
 
 log = logging.getLogger("prefill_proxy.rewrite")
@@ -72,6 +73,7 @@ class Pipeline:
         if unknown:
             raise ValueError(f"unknown rewrites to disable: {', '.join(unknown)}")
         self._transforms = tuple(t for t in transforms if t.name not in set(disabled))
+        self._failures = FailOpenLog(log)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -88,8 +90,8 @@ class Pipeline:
         for transform in self._transforms:
             try:
                 rewritten = transform(request, context)
-            except Exception:  # a transform bug must never fail the agent's step
-                log.exception("rewrite %s failed; forwarding the request unchanged", transform.name)
+            except Exception as exc:  # a transform bug must never fail the agent's step
+                self._failures.failed(f"rewrite {transform.name}", exc)
                 return RewriteResult(original, (), (transform.name,))
             if rewritten is not None and rewritten is not request:
                 request = rewritten

@@ -64,3 +64,26 @@ async def test_a_method_no_route_takes_is_refused_in_openai_shape(make_proxy) ->
     response = await proxy.client.request("TRACE", CHAT)
     assert_openai_error(response, 405, 405)
     assert proxy.seen == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("depth", "status"), [(100_000, 400), (5_000, 400), (1_000, 200), (300, 200)]
+)
+async def test_deep_bodies_are_refused_past_the_limit_and_pass_through_under_it(
+    make_proxy, depth: int, status: int
+) -> None:
+    """Past orjson's 1,024 levels: a 400 naming the problem. Under it: forwarded (what the
+    proxy cannot rewrite goes as sent: fail open), never a 500."""
+    proxy = make_proxy()
+    nested = "[" * depth + "]" * depth
+    body = (
+        '{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+        f'"tools": [{{"type": "function", "function": {{"name": "f", "parameters": {nested}}}}}]}}'
+    )
+    response = await proxy.client.post(CHAT, content=body)
+    assert response.status_code == status
+    if status == 400:
+        assert "deeper than 1024 levels" in response.json()["error"]["message"]
+        assert proxy.seen == []
+    assert proxy.sample("prefill_proxy_in_flight_requests") == 0
