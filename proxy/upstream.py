@@ -81,18 +81,16 @@ class Upstream:
             content=body,
             extensions=self._extensions,
         )
-        for attempt in (1, 2):
-            try:
-                async with asyncio.timeout_at(deadline):
-                    response = await self._transport.handle_async_request(request)
-                return UpstreamResponse(response, deadline, self)
-            except (TimeoutError, httpx.HTTPError, OSError) as exc:
-                # A pooled keep-alive connection the server closed just now fails before
-                # the request is read: safe to send once more on a fresh connection.
-                if attempt == 1 and isinstance(exc.__cause__, aiohttp.ServerDisconnectedError):
-                    continue
-                raise self._translate(exc) from exc
-        raise AssertionError("unreachable")
+        # No retry here: a request is sent once. aiohttp itself sends an idempotent request
+        # again when a reused keep-alive connection turns out closed; a POST (a generation)
+        # that fails so gets a 502, since nothing proves the engine did not receive it
+        # (keepalive_expiry under the engine's keep-alive makes that race rare).
+        try:
+            async with asyncio.timeout_at(deadline):
+                response = await self._transport.handle_async_request(request)
+        except (TimeoutError, httpx.HTTPError, OSError) as exc:
+            raise self._translate(exc) from exc
+        return UpstreamResponse(response, deadline, self)
 
     async def call(
         self,

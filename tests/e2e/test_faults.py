@@ -199,6 +199,24 @@ def test_dot_segments_on_the_wire_never_reach_the_upstream(
     assert fake_upstream.received == []
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_that_hangs_up_on_a_request_gets_it_once(
+    fake_upstream, start_proxy, stream: bool
+) -> None:
+    """It may have started generating: sending the POST again could generate twice."""
+    proxy = start_proxy(fake_upstream.url)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        response = client.post(
+            CHAT,
+            json={**STREAM_REQUEST, "stream": stream},
+            headers={"x-fault": "close-after-request"},
+        )
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_broken"
+    assert len(fake_upstream.received) == 1
+    assert proxy.sample("prefill_proxy_in_flight_requests") == 0
+
+
 def test_refused_upstream_is_502_naming_it(start_proxy) -> None:
     with socket.socket() as sock:  # a port that nothing listens on
         sock.bind(("127.0.0.1", 0))
