@@ -20,7 +20,13 @@ from proxy import headers as hdrs
 from proxy import jsonio
 from proxy.config import Settings
 from proxy.downstream import ClientGone, Downstream
-from proxy.errors import InternalError, ProxyError, UpstreamError, sse_error_event
+from proxy.errors import (
+    InternalError,
+    ProxyError,
+    ShuttingDown,
+    UpstreamError,
+    sse_error_event,
+)
 from proxy.exchange import Recorder
 from proxy.failopen import FailOpenLog
 from proxy.relay import ChatStreamWatcher, relay_chunks
@@ -66,6 +72,9 @@ class Call:
             await self.fail(error)
         except asyncio.CancelledError:
             if not self.down.cancelled_by_client():
+                # The server stopping after its grace period: the client still hears why.
+                with contextlib.suppress(Exception):
+                    await self.fail(ShuttingDown("the proxy is shutting down"))
                 raise
         except Exception as exc:  # a bug: the client still gets an answer, the log a traceback
             self.services.bugs.failed(f"{self.down.method} {self.exchange.route}", exc)

@@ -38,6 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
         server_header=False,  # the upstream's Server and Date headers pass through instead
         date_header=False,
         timeout_keep_alive=65,  # outlive clients' idle keep-alive, so they close first
+        timeout_graceful_shutdown=settings.shutdown_grace,
     )
     return 0
 

@@ -52,6 +52,12 @@ class Settings:
         "session record; a longer one is not recorded (its history is forwarded as the "
         "client sends it) and is counted in prefill_proxy_replies_too_long_total.",
     )
+    shutdown_grace: int = _setting(
+        25,
+        "Seconds a SIGTERM waits for requests in flight, streams included, before ending "
+        "the rest (a stream with an error event); keep it under Kubernetes' "
+        "terminationGracePeriodSeconds (30 by default).",
+    )
     connect_timeout: float = _setting(10.0, "Seconds to open a connection to the upstream.")
     read_timeout: float = _setting(
         600.0,
@@ -190,7 +196,7 @@ class Settings:
         for name in ("max_body_bytes", "max_sse_event_bytes", "max_reply_chars"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
-        for name in ("connect_timeout", "read_timeout", "keepalive_expiry"):
+        for name in ("connect_timeout", "read_timeout", "keepalive_expiry", "shutdown_grace"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
         if self.total_timeout < 0:

@@ -48,6 +48,14 @@ class InternalError(ProxyError):
     type = "server_error"
 
 
+class ShuttingDown(ProxyError):
+    """The proxy is stopping and this request outlasted the shutdown grace period."""
+
+    status = 503
+    type = "server_error"
+    code = "shutting_down"
+
+
 class UpstreamError(ProxyError):
     """The upstream could not be used; ``kind`` labels the error metric."""
 

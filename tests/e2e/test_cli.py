@@ -90,3 +90,44 @@ def test_bad_setting_exits_with_a_clear_message() -> None:
     )
     assert result.returncode == 2
     assert "port" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_sigterm_ends_a_never_ending_stream_after_the_grace_period(fake_upstream) -> None:
+    """A stream that would never end (the upstream stalls) gets an error event once the
+    shutdown grace is over, and the process exits by itself."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--port", str(port)],
+        env={
+            **os.environ,
+            "PREFILL_PROXY_UPSTREAM": fake_upstream.url,
+            "PREFILL_PROXY_SHUTDOWN_GRACE": "1",
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, process)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    lines = []
+    with httpx.stream(
+        "POST",
+        url + "/v1/chat/completions",
+        json=body,
+        headers={"x-fault": "stall-mid-stream"},
+        timeout=30,
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line[6:])
+            if len(lines) == 2:  # the stream is under way and stalls here
+                process.send_signal(signal.SIGTERM)
+                stopped = time.monotonic()
+        # the rest of the stream: the error event, then the end
+    took = time.monotonic() - stopped
+    # uvicorn re-raises SIGTERM once it has shut down: the exit status of a SIGTERM.
+    assert process.wait(30) in (0, -signal.SIGTERM), process.stderr.read() if process.stderr else ""
+    assert lines[-1] == "[DONE]" and json.loads(lines[-2])["error"]["code"] == "shutting_down"
+    print(f"\nstream ended {took:.2f} s after SIGTERM (grace 1 s)")
+    assert fake_upstream.peer_closed.wait(5)  # the upstream request was closed too
