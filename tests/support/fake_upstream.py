@@ -3,8 +3,9 @@ refuse, reset mid-stream, stall, answer 5xx. Also a fast upstream for the overhe
 
 Behaviour is chosen per request by the ``x-fault`` header (the proxy forwards it):
 ``reset-mid-stream``, ``stall-headers``, ``stall-mid-stream``, ``status-503``,
-``status-400``, ``close-after-request``, ``huge-event-N`` (after two events, one of N bytes that never ends, sent
-in 64 KiB chunks). Without it, a deterministic chat completion (stream or not) with usage.
+``status-400``, ``close-after-request``, ``huge-event-N`` (after two events, one of N
+bytes that never ends, sent in 64 KiB chunks). Without it, a deterministic chat
+completion (stream or not) with usage.
 It records every request it receives, so tests can check what the proxy forwarded
 (``record=False`` turns that off, so a long benchmark run does not grow its memory).
 """
