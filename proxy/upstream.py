@@ -88,7 +88,7 @@ class Upstream:
         try:
             async with asyncio.timeout_at(deadline):
                 response = await self._transport.handle_async_request(request)
-        except (TimeoutError, httpx.HTTPError, OSError) as exc:
+        except (TimeoutError, httpx.HTTPError, aiohttp.ClientError, OSError) as exc:
             raise self._translate(exc) from exc
         return UpstreamResponse(response, deadline, self)
 
@@ -154,7 +154,7 @@ class UpstreamResponse:
                     chunk = await chunks.__anext__()
             except StopAsyncIteration:
                 return
-            except (TimeoutError, httpx.HTTPError, OSError) as exc:
+            except (TimeoutError, httpx.HTTPError, aiohttp.ClientError, OSError) as exc:
                 raise self._upstream._translate(exc) from exc
             yield chunk
 

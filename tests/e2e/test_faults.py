@@ -217,6 +217,16 @@ def test_an_upstream_that_hangs_up_on_a_request_gets_it_once(
     assert proxy.sample("prefill_proxy_in_flight_requests") == 0
 
 
+def test_an_upstream_that_is_not_http_is_a_502(fake_upstream, start_proxy) -> None:
+    proxy = start_proxy(fake_upstream.url)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        response = client.post(CHAT, json=STREAM_REQUEST, headers={"x-fault": "bad-status-line"})
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_broken"
+    assert proxy.sample("prefill_proxy_internal_errors_total", route=CHAT) == 0
+    assert proxy.sample("prefill_proxy_in_flight_requests") == 0
+
+
 def test_refused_upstream_is_502_naming_it(start_proxy) -> None:
     with socket.socket() as sock:  # a port that nothing listens on
         sock.bind(("127.0.0.1", 0))

@@ -3,9 +3,9 @@ refuse, reset mid-stream, stall, answer 5xx. Also a fast upstream for the overhe
 
 Behaviour is chosen per request by the ``x-fault`` header (the proxy forwards it):
 ``reset-mid-stream``, ``stall-headers``, ``stall-mid-stream``, ``status-503``,
-``status-400``, ``close-after-request``, ``huge-event-N`` (after two events, one of N
-bytes that never ends, sent in 64 KiB chunks). Without it, a deterministic chat
-completion (stream or not) with usage.
+``status-400``, ``close-after-request``, ``bad-status-line``, ``huge-event-N`` (after two
+events, one of N bytes that never ends, sent in 64 KiB chunks). Without it, a
+deterministic chat completion (stream or not) with usage.
 It records every request it receives, so tests can check what the proxy forwarded
 (``record=False`` turns that off, so a long benchmark run does not grow its memory).
 """
@@ -188,6 +188,10 @@ class FakeUpstream:
             await _send(writer, status, "application/json", body)
             return True
         if fault == "close-after-request":  # read it, answer nothing, hang up
+            return False
+        if fault == "bad-status-line":  # not HTTP at all
+            writer.write(b"SPAM EGGS\r\n\r\n")
+            await writer.drain()
             return False
         if fault == "stall-headers":
             await self._wait_for_peer_close(reader, writer)
