@@ -31,16 +31,16 @@ def listening_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 def serve(app: Any, **uvicorn_options: Any) -> Iterator[str]:
     """Serve ``app`` on 127.0.0.1; yields its base URL; stops the server on exit."""
     sock = listening_socket()
-    config = uvicorn.Config(
-        app,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-        server_header=False,
-        date_header=False,
+    options = {
+        "loop": "uvloop",
+        "http": "httptools",
+        "log_level": "warning",
+        "access_log": False,
+        "server_header": False,
+        "date_header": False,
         **uvicorn_options,
-    )
+    }
+    config = uvicorn.Config(app, **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -17,6 +17,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.server import Limits, protocol
 
     settings = config.from_arguments(args)
     setup_logging(settings.log_level)
@@ -32,7 +33,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        http=protocol(Limits.of(settings)),
         log_level=settings.log_level,
         access_log=False,  # the proxy writes its own line per request, with tokens and timing
         server_header=False,  # the upstream's Server and Date headers pass through instead

@@ -52,6 +52,21 @@ class Settings:
         "session record; a longer one is not recorded (its history is forwarded as the "
         "client sends it) and is counted in prefill_proxy_replies_too_long_total.",
     )
+    max_header_bytes: int = _setting(
+        64 * 1024, "Largest request head (request line and headers); a larger one gets 431."
+    )
+    max_header_count: int = _setting(100, "Most request headers; more get 431.")
+    head_timeout: float = _setting(
+        30.0,
+        "Seconds a client has to send a request head, from connecting or from its first "
+        "byte; then 408 and the connection is closed.",
+    )
+    body_timeout: float = _setting(
+        120.0, "Seconds a client has to send the body after its head; then 408 and close."
+    )
+    max_client_connections: int = _setting(
+        4096, "Client connections at once; one more gets 503 and is closed."
+    )
     shutdown_grace: int = _setting(
         25,
         "Seconds a SIGTERM waits for requests in flight, streams included, before ending "
@@ -193,7 +208,16 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.upstream.startswith(("http://", "https://")):
             raise SettingsError(f"upstream must be an http(s) URL, got {self.upstream!r}")
-        for name in ("max_body_bytes", "max_sse_event_bytes", "max_reply_chars"):
+        for name in (
+            "max_body_bytes",
+            "max_sse_event_bytes",
+            "max_reply_chars",
+            "max_header_bytes",
+            "max_header_count",
+            "head_timeout",
+            "body_timeout",
+            "max_client_connections",
+        ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
         for name in ("connect_timeout", "read_timeout", "keepalive_expiry", "shutdown_grace"):

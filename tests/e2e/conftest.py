@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy import config
 from proxy.app import create_app
+from proxy.server import Limits, protocol
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.proxies import RunningProxy
 from tests.support.servers import serve
@@ -28,7 +29,8 @@ def start_proxy() -> Iterator[Callable[..., RunningProxy]]:
     def start(upstream: str, **overrides: Any) -> RunningProxy:
         registry = CollectorRegistry()
         settings = config.load({"upstream": upstream, **overrides}, environ={})
-        server = serve(create_app(settings, registry=registry))
+        # The server protocol `prefill-proxy serve` runs, with its limits.
+        server = serve(create_app(settings, registry=registry), http=protocol(Limits.of(settings)))
         url = server.__enter__()
         stack.append(server)
         return RunningProxy(url, registry)

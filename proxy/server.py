@@ -1,0 +1,153 @@
+"""The proxy's HTTP server protocol: uvicorn's httptools protocol with the limits a proxy at
+the edge needs, enforced before the app sees a request.
+
+- The request head (request line and headers) is bounded in bytes (counted as it arrives,
+  so a 100 MB header value is refused after ``max_header_bytes``, not parsed) and in
+  header count: 431.
+- A client has ``head_timeout`` seconds to send its head (from connecting, or from the
+  end of its previous response) and ``body_timeout`` seconds for the body after it: 408,
+  then the connection is closed (a request that never finishes holds no socket forever).
+- At most ``max_client_connections`` at once: one more gets a 503 and is closed.
+
+Refusals are OpenAI-style JSON, like every other error of the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from proxy import jsonio
+from proxy.config import Settings
+from proxy.errors import error_body
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Unavailable"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    max_header_bytes: int
+    max_header_count: int
+    head_timeout: float
+    body_timeout: float
+    max_client_connections: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> Limits:
+        return cls(
+            settings.max_header_bytes,
+            settings.max_header_count,
+            settings.head_timeout,
+            settings.body_timeout,
+            settings.max_client_connections,
+        )
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request that is refused (httptools
+    turns it into a parser error, which uvicorn answers with a 400 we keep back)."""
+
+
+def protocol(limits: Limits) -> type[HttpToolsProtocol]:
+    """uvicorn's ``http`` protocol class, with these limits."""
+    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    limits: Limits
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._head_bytes = 0
+        self._header_count = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_client_connections:
+            self._refuse(503, "the proxy holds as many client connections as it may")
+            return
+        self._arm(self.limits.head_timeout, "the request head did not arrive in time")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self.limits.max_header_bytes and not self._refused:
+            self._refuse(431, f"the request head is over {self.limits.max_header_bytes} bytes")
+
+    # Parser callbacks (httptools), around uvicorn's own.
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._header_count = True, 0
+        self._arm(self.limits.head_timeout, "the request head did not arrive in time")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self.limits.max_header_count:
+            self._refuse(431, f"the request has over {self.limits.max_header_count} headers")
+            raise _Refused
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._arm(self.limits.body_timeout, "the request body did not arrive in time")
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():  # keep-alive: the next head must come in time
+            self._head_bytes = 0
+            self._in_head = True
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:  # a callback that refused already answered
+            super().send_400_response(msg)
+
+    # --
+
+    def _arm(self, seconds: float, why: str) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, self._timed_out, why)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _timed_out(self, why: str) -> None:
+        self._timer = None
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started:
+            self.transport.close()  # the app answers already: only the connection can go
+            return
+        self._refuse(408, why)
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` in OpenAI's shape and close (the app, if it runs, then sees the
+        client gone)."""
+        self._refused = True
+        self._disarm()
+        body = jsonio.dumps(error_body(message, "invalid_request_error", status))
+        head = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])
+        head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+        head += b"connection: close\r\n\r\n"
+        if not self.transport.is_closing():
+            self.transport.write(head + body)
+            self.transport.close()
