@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, start_http_server
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
@@ -37,6 +38,15 @@ from proxy.upstream import Upstream
 from proxy.warmup import Warmer
 
 PASSTHROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+
+
+def serve_metrics(settings: Settings, registry: CollectorRegistry) -> Any:
+    """/metrics on its own port when ``metrics_port`` is set (prometheus_client's server, in
+    a thread); the server, to shut down, or None."""
+    if not settings.metrics_port:
+        return None
+    server, _thread = start_http_server(settings.metrics_port, settings.host, registry=registry)
+    return server
 
 
 def default_transforms(settings: Settings) -> list[Transform]:
@@ -102,11 +112,13 @@ def create_app(
         if settings.fanout_hold > 0
         else None
     )
-    services = Services(settings, upstream, recorder)
+    keys = tuple(key.encode("latin-1") for key in settings.api_keys)
+    services = Services(settings, upstream, recorder, keys=keys)
     chat = ChatServices(
         settings,
         upstream,
         recorder,
+        keys=keys,
         pipeline=pipeline,
         sessions=tracker,
         compactor=compactor,
@@ -118,9 +130,12 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tokens.provision(settings.tiktoken_cache_dir)
-        if compactor is not None:
-            compactor.sizer.message({})  # load the encoding now, not on a request
+        if compactor is not None:  # load the encoding now, not on a request
+            compactor.sizer.message({"role": "user", "content": "warm"})
+        metrics_server = serve_metrics(settings, registry)
         yield
+        if metrics_server is not None:
+            metrics_server.shutdown()
         if compactor is not None:
             compactor.close()
         if warmer is not None:
@@ -150,7 +165,12 @@ def create_app(
             Route(CHAT_ROUTE, Endpoint(lambda down: ChatCall(chat, down)), methods=["POST"]),
             Route("/health", probes.health, methods=["GET"]),
             Route("/ready", probes.ready, methods=["GET"]),
-            Route("/metrics", probes.metrics, methods=["GET"]),
+            # On its own port (metrics_port), /metrics is not served here: a 404 below.
+            *(
+                []
+                if settings.metrics_port
+                else [Route("/metrics", probes.metrics, methods=["GET"])]
+            ),
             Route(
                 "/{path:path}",
                 Endpoint(lambda down: PassthroughCall(services, down, paths)),

@@ -24,6 +24,7 @@ from proxy.errors import (
     InternalError,
     ProxyError,
     ShuttingDown,
+    Unauthorized,
     UpstreamError,
     sse_error_event,
 )
@@ -50,6 +51,8 @@ class Services:
     bugs: FailOpenLog = dataclasses.field(
         default_factory=lambda: FailOpenLog(log, outcome="answered 500 internal_error")
     )
+    # The client keys (api_keys) as bytes; empty: no check.
+    keys: tuple[bytes, ...] = ()
 
 
 class Call:
@@ -65,6 +68,9 @@ class Call:
 
     async def run(self) -> None:
         try:
+            keys = self.services.keys
+            if keys and not hdrs.key_allowed(self.down.raw_headers, keys):
+                raise Unauthorized("a valid API key is required (Authorization: Bearer KEY)")
             await self.handle()
         except ClientGone:
             pass
@@ -104,6 +110,10 @@ class Call:
         (closing the upstream connection, so vLLM aborts)."""
         exchange = self.exchange
         upstream_headers = hdrs.upstream_request(self.down.raw_headers, parsed_body=parsed_body)
+        if self.settings.upstream_api_key:
+            upstream_headers = hdrs.with_upstream_key(
+                upstream_headers, self.settings.upstream_api_key
+            )
         # Time held behind a fan-out leader is waiting by design, not the proxy's cost.
         exchange.overhead_s = time.perf_counter() - exchange.started - exchange.held_s
         self.down.watch()
@@ -168,6 +178,7 @@ class Call:
             headers = [
                 (b"content-type", JSON),
                 (hdrs.OVERHEAD.encode(), exchange.overhead_ms_header),
+                *error.headers,
             ]
             await self.down.respond(error.status, headers, jsonio.dumps(error.body()))
 

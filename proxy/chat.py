@@ -122,8 +122,13 @@ class ChatCall(Call):
         if sessions is None:
             return None
         turn = sessions.open(self.down.headers, payload)
-        if turn is not None:
-            turn.credentials = hdrs.credentials(self.down.raw_headers)
+        if turn is not None:  # for the proxy's own requests on this client's behalf
+            key = self.settings.upstream_api_key
+            turn.credentials = (
+                ((b"authorization", b"Bearer " + key.encode("latin-1")),)
+                if key
+                else hdrs.credentials(self.down.raw_headers)
+            )
         return turn
 
     def rewrite(self, payload: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,20 @@ class Settings:
     host: str = _setting("127.0.0.1", "Address the proxy listens on.")
     port: int = _setting(8080, "Port the proxy listens on.")
     log_level: str = _setting("info", "Log level: debug, info, warning, error.")
+    api_keys: tuple[str, ...] = _setting(
+        (),
+        "Keys clients must send (Authorization: Bearer KEY) when the proxy is the exposed "
+        "edge; empty: no check (comma-separated in env and CLI). Compared in constant "
+        "time, never logged.",
+    )
+    upstream_api_key: str = _setting(
+        "",
+        "Key sent to the upstream instead of the client's Authorization (for the proxy's "
+        "own requests too); empty: the client's is forwarded.",
+    )
+    metrics_port: int = _setting(
+        0, "Serve /metrics on this port only (not on the proxy's port); 0: on the proxy's port."
+    )
     log_bodies: bool = _setting(
         False, "Log prompt and completion text (debugging only; off in production)."
     )

@@ -13,6 +13,7 @@ class ProxyError(Exception):
     status = 500
     type = "proxy_error"
     code = "internal_error"
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # sent with the error response
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -26,6 +27,15 @@ class BadRequest(ProxyError):
     status = 400
     type = "invalid_request_error"
     code = "invalid_json"
+
+
+class Unauthorized(ProxyError):
+    """No key, or not one of ``api_keys``."""
+
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+    headers = ((b"www-authenticate", b"Bearer"),)  # RFC 9110 section 11.6.1
 
 
 class NotForwarded(ProxyError):

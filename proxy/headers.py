@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterable, Sequence
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
@@ -84,3 +85,21 @@ _CREDENTIALS = frozenset({b"authorization", b"api-key", b"x-api-key"})
 
 def credentials(headers: RawHeaders) -> tuple[tuple[bytes, bytes], ...]:
     return tuple((name.lower(), value) for name, value in headers if name.lower() in _CREDENTIALS)
+
+
+def with_upstream_key(headers: list[tuple[bytes, bytes]], key: str) -> list[tuple[bytes, bytes]]:
+    """``headers`` with the client's credentials replaced by the upstream's own key."""
+    kept = [(name, value) for name, value in headers if name.lower() not in _CREDENTIALS]
+    kept.append((b"authorization", b"Bearer " + key.encode("latin-1")))
+    return kept
+
+
+def key_allowed(headers: RawHeaders, keys: Sequence[bytes]) -> bool:
+    """Whether the request's ``Authorization: Bearer KEY`` is one of ``keys``: every key is
+    compared, in constant time, so the answer's timing says nothing of them."""
+    sent = next((value for name, value in headers if name.lower() == b"authorization"), b"")
+    token = sent[7:] if sent[:7].lower() == b"bearer " else b""
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(token, key)
+    return found

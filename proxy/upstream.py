@@ -43,6 +43,12 @@ class Upstream:
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = settings.upstream_base
         self._total_timeout = settings.total_timeout or None
+        # The proxy's own requests without a client's credentials (/v1/models, /metrics)
+        # carry the upstream's key, if it has one.
+        key = settings.upstream_api_key
+        self._own_credentials = (
+            ((b"authorization", b"Bearer " + key.encode("latin-1")),) if key else ()
+        )
         timeout = httpx.Timeout(
             connect=settings.connect_timeout,
             read=settings.read_timeout,
@@ -104,7 +110,7 @@ class Upstream:
         /v1/models, /metrics): POST with a JSON ``payload``, GET without one. Bounded by
         ``timeout`` seconds on top of the usual limits; raises UpstreamError like send."""
         content = None if payload is None else jsonio.dumps(payload)
-        sent = list(headers)
+        sent = list(headers or self._own_credentials)
         if content is not None:
             sent.append((b"content-type", b"application/json"))
         try:
