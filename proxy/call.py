@@ -76,16 +76,18 @@ class Call:
             pass
         except ProxyError as error:
             await self.fail(error)
-        except asyncio.CancelledError:
-            if not self.down.cancelled_by_client():
+        except asyncio.CancelledError as exc:
+            if self.down.cancelled_by_client():
+                pass
+            elif _being_cancelled():
                 # The server stopping after its grace period: the client still hears why.
                 with contextlib.suppress(Exception):
                     await self.fail(ShuttingDown("the proxy is shutting down"))
                 raise
+            else:  # a cancelled task awaited on this request's behalf: an error, not ours
+                await self._bug(exc)
         except Exception as exc:  # a bug: the client still gets an answer, the log a traceback
-            self.services.bugs.failed(f"{self.down.method} {self.exchange.route}", exc)
-            self.services.recorder.metrics.internal_errors.labels(self.exchange.route).inc()
-            await self.fail(InternalError("the proxy failed on this request"))
+            await self._bug(exc)
         finally:
             self.down.close()
             if self.response is not None:
@@ -96,6 +98,11 @@ class Call:
 
     async def handle(self) -> None:
         raise NotImplementedError
+
+    async def _bug(self, exc: BaseException) -> None:
+        self.services.bugs.failed(f"{self.down.method} {self.exchange.route}", exc)
+        self.services.recorder.metrics.internal_errors.labels(self.exchange.route).inc()
+        await self.fail(InternalError("the proxy failed on this request"))
 
     def record(self) -> None:
         """Record the exchange (once): subclasses add what follows a reply first."""
@@ -188,3 +195,10 @@ class Call:
     def log_body(self, kind: str, body: bytes) -> None:
         if self.settings.log_bodies:
             body_log.info("%s %s", kind, body.decode(errors="replace"))
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task itself is being cancelled (not merely awaiting something
+    that was)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

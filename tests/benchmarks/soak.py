@@ -4,6 +4,7 @@ memory and open file descriptors before, during (every 5 s) and after. Bounded i
 count; a measurement, not a test.
 
     .venv/bin/python -m tests.benchmarks.soak --streams 500 --seconds 60
+    .venv/bin/python -m tests.benchmarks.soak --long-stream 3000000 --token-delay 0
 """
 
 from __future__ import annotations
@@ -70,11 +71,32 @@ async def soak(url: str, pid: int, streams: int, seconds: float) -> None:
     print(f"| after | {tally['ok']} | {tally['errors']} | {rss:.0f} | {fds} |")
 
 
+async def long_stream(url: str, pid: int, tokens: int) -> None:
+    """One stream of ``tokens`` tokens: the proxy's memory must not grow with it."""
+    print("| tokens relayed | proxy RSS MB |\n|---:|---:|")
+    print(f"| 0 | {footprint(pid)[0]:.0f} |")
+    seen, mark = 0, tokens // 5
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        headers = {"x-fault": f"tokens-{tokens}"}
+        async with session.post(url, json=BODY, headers=headers) as response:
+            async for line in response.content:
+                if line.startswith(b"data: {"):
+                    seen += 1
+                    if seen % mark == 0:
+                        print(f"| {seen:,} | {footprint(pid)[0]:.0f} |", flush=True)
+    await asyncio.sleep(1)
+    print(f"| done ({seen:,} events) | {footprint(pid)[0]:.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--token-delay", type=float, default=0.1, help="upstream pacing (s)")
+    parser.add_argument(
+        "--long-stream", type=int, metavar="TOKENS", help="instead: one stream this long"
+    )
     args = parser.parse_args()
     with FakeUpstream(token_delay=args.token_delay, record=False) as upstream:
         port = free_port()
@@ -90,7 +112,10 @@ def main() -> None:
         ]
         with spawn(command, f"http://127.0.0.1:{port}/health") as process:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            asyncio.run(soak(url, process.pid, args.streams, args.seconds))
+            if args.long_stream:
+                asyncio.run(long_stream(url, process.pid, args.long_stream))
+            else:
+                asyncio.run(soak(url, process.pid, args.streams, args.seconds))
 
 
 if __name__ == "__main__":

@@ -87,3 +87,20 @@ async def test_deep_bodies_are_refused_past_the_limit_and_pass_through_under_it(
         assert "deeper than 1024 levels" in response.json()["error"]["message"]
         assert proxy.seen == []
     assert proxy.sample("prefill_proxy_in_flight_requests") == 0
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_task_awaited_for_the_request_is_an_error_not_a_cancellation(
+    make_proxy,
+) -> None:
+    """Awaiting something another task cancelled (a shared summary, say) raises
+    CancelledError in a request that nobody cancelled: answered like any bug."""
+    import asyncio
+
+    def cancelled(request: httpx.Request) -> httpx.Response:
+        raise asyncio.CancelledError
+
+    proxy = make_proxy(cancelled)
+    response = await proxy.client.post(CHAT, json=BODY)
+    assert_openai_error(response, 500, "internal_error")
+    assert proxy.sample("prefill_proxy_in_flight_requests") == 0

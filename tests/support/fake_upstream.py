@@ -3,7 +3,8 @@ refuse, reset mid-stream, stall, answer 5xx. Also a fast upstream for the overhe
 
 Behaviour is chosen per request by the ``x-fault`` header (the proxy forwards it):
 ``reset-mid-stream``, ``stall-headers``, ``stall-mid-stream``, ``status-503``,
-``status-400``, ``close-after-request``, ``bad-status-line``, ``huge-event-N`` (after two
+``status-400``, ``close-after-request``, ``bad-status-line``, ``tokens-N`` (a stream of N
+content chunks), ``huge-event-N`` (after two
 events, one of N bytes that never ends, sent in 64 KiB chunks). Without it, a
 deterministic chat completion (stream or not) with usage.
 It records every request it receives, so tests can check what the proxy forwarded
@@ -164,6 +165,21 @@ class FakeUpstream:
             pass
         self.peer_closed.set()
 
+    async def _send_long_stream(self, writer: asyncio.StreamWriter, tokens: int) -> None:
+        """A stream of ``tokens`` content chunks, written in batches of 1,000."""
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        token = chunk({"content": "word "})
+        for start in range(0, tokens, 1000):
+            batch = token * min(1000, tokens - start)
+            writer.write(b"%x\r\n%s\r\n" % (len(batch), batch))
+            await writer.drain()
+        tail = chunk({}, finish="length") + b"data: [DONE]\n\n"
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
+        await writer.drain()
+
     async def _send_endless_event(self, writer: asyncio.StreamWriter, size: int) -> None:
         piece = b"data: " + b"x" * (64 * 1024 - 6)
         sent = 0
@@ -213,6 +229,9 @@ class FakeUpstream:
             await _send(writer, 200, "application/json", completion_body())
             return True
         include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
+        if fault.startswith("tokens-"):
+            await self._send_long_stream(writer, int(fault.removeprefix("tokens-")))
+            return True
         events = stream_events(include_usage)
         if self.record:
             self.sent_events.append(events)
