@@ -56,6 +56,11 @@ def protocol(limits: Limits) -> type[HttpToolsProtocol]:
     return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
 
 
+# How often the deadlines of all connections are checked: a timeout fires up to this much
+# late, and a request costs a float assignment instead of a timer of its own.
+SWEEP_S = 0.25
+
+
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     limits: Limits
 
@@ -63,19 +68,24 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._in_head = True
         self._head_bytes = 0
-        self._header_count = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline: float | None = None  # by when the current phase must be done
+        self._late = ""  # what it is, for the 408
         self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # One sweeper per server (kept on uvicorn's state, shared by its connections).
+        sweeper = getattr(self.server_state, "prefill_proxy_sweeper", None)
+        if sweeper is None or sweeper.done():
+            sweeper = self.loop.create_task(_sweep(self.loop, self.connections))
+            self.server_state.prefill_proxy_sweeper = sweeper  # type: ignore[attr-defined]
         if len(self.connections) > self.limits.max_client_connections:
             self._refuse(503, "the proxy holds as many client connections as it may")
             return
-        self._arm(self.limits.head_timeout, "the request head did not arrive in time")
+        self._due(self.limits.head_timeout, "the request head did not arrive in time")
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._deadline = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -91,28 +101,25 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._header_count = True, 0
-        self._arm(self.limits.head_timeout, "the request head did not arrive in time")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self.limits.max_header_count:
-            self._refuse(431, f"the request has over {self.limits.max_header_count} headers")
-            raise _Refused
-        super().on_header(name, value)
+        self._in_head = True
+        self._due(self.limits.head_timeout, "the request head did not arrive in time")
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._arm(self.limits.body_timeout, "the request body did not arrive in time")
+        # Counted once the head is in: its bytes bound how many there can be meanwhile.
+        if len(self.headers) > self.limits.max_header_count:
+            self._refuse(431, f"the request has over {self.limits.max_header_count} headers")
+            raise _Refused
+        self._due(self.limits.body_timeout, "the request body did not arrive in time")
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        self._deadline = None
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing():  # keep-alive: the next head must come in time
+        if not self.transport.is_closing():  # keep-alive: the next head is counted anew
             self._head_bytes = 0
             self._in_head = True
 
@@ -122,28 +129,24 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     # --
 
-    def _arm(self, seconds: float, why: str) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(seconds, self._timed_out, why)
+    def _due(self, seconds: float, late: str) -> None:
+        self._deadline, self._late = self.loop.time() + seconds, late
 
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _timed_out(self, why: str) -> None:
-        self._timer = None
+    def check_deadline(self, now: float) -> None:
+        if self._deadline is None or now < self._deadline:
+            return
+        self._deadline = None
         cycle = self.cycle
         if cycle is not None and cycle.response_started:
             self.transport.close()  # the app answers already: only the connection can go
             return
-        self._refuse(408, why)
+        self._refuse(408, self._late)
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` in OpenAI's shape and close (the app, if it runs, then sees the
         client gone)."""
         self._refused = True
-        self._disarm()
+        self._deadline = None
         body = jsonio.dumps(error_body(message, "invalid_request_error", status))
         head = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])
         head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
@@ -151,3 +154,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(head + body)
             self.transport.close()
+
+
+async def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+    """Check every connection's deadline each SWEEP_S."""
+    while True:
+        await asyncio.sleep(SWEEP_S)
+        now = loop.time()
+        for connection in list(connections):
+            if isinstance(connection, LimitedHttpToolsProtocol):
+                connection.check_deadline(now)
