@@ -24,7 +24,11 @@ from proxy import jsonio
 from proxy.config import Settings
 from proxy.errors import error_body
 
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Unavailable"}
+_REASONS = {
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
 
 
 @dataclasses.dataclass(frozen=True)
