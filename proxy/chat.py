@@ -97,7 +97,6 @@ class ChatCall(Call):
         payload = parse_chat_request(body)
         exchange.model = str(payload.get("model") or "")
         exchange.stream = streams(payload.get("stream"))
-        exchange.observe_gap = self.services.recorder.gap_observer(exchange)
         self.turn = self.open_session(payload)
         forwarded = self.rewrite(payload)
         forwarded = await self.compact(forwarded)
@@ -108,6 +107,7 @@ class ChatCall(Call):
             await self.chat.fanout.admit(forwarded, exchange)
         response = await self.send(content, parsed_body=True)
         if exchange.stream and hdrs.is_event_stream(response.headers):
+            exchange.observe_gap = self.services.recorder.gap_observer(exchange)
             watcher = self.watcher()
             await self.relay(self.reply_headers(keep_length=not self.strip_usage), watcher)
             if watcher.reply_too_long:
@@ -123,12 +123,9 @@ class ChatCall(Call):
             return None
         turn = sessions.open(self.down.headers, payload)
         if turn is not None:  # for the proxy's own requests on this client's behalf
-            key = self.settings.upstream_api_key
-            turn.credentials = (
-                ((b"authorization", b"Bearer " + key.encode("latin-1")),)
-                if key
-                else hdrs.credentials(self.down.raw_headers)
-            )
+            turn.credentials = hdrs.upstream_credentials(
+                self.settings.upstream_api_key
+            ) or hdrs.credentials(self.down.raw_headers)
         return turn
 
     def rewrite(self, payload: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=protocol(Limits.of(settings)),
+        http=protocol(Limits.from_settings(settings)),
         log_level=settings.log_level,
         access_log=False,  # the proxy writes its own line per request, with tokens and timing
         server_header=False,  # the upstream's Server and Date headers pass through instead

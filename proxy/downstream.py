@@ -10,13 +10,13 @@ relaying), so one ``try/finally`` there always finishes the exchange.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.errors import BodyTooLarge
 
 Scope = Mapping[str, Any]
-RawHeaders = list[tuple[bytes, bytes]]
+RawHeaders = Sequence[tuple[bytes, bytes]]
 
 
 class ClientGone(Exception):
@@ -42,7 +42,9 @@ class Downstream:
 
     @property
     def raw_headers(self) -> RawHeaders:
-        return list(self.scope["headers"])
+        """The request's headers as the server gave them (read only: never changed)."""
+        headers: RawHeaders = self.scope["headers"]
+        return headers
 
     @property
     def headers(self) -> Mapping[str, str]:

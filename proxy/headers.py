@@ -87,10 +87,15 @@ def credentials(headers: RawHeaders) -> tuple[tuple[bytes, bytes], ...]:
     return tuple((name.lower(), value) for name, value in headers if name.lower() in _CREDENTIALS)
 
 
+def upstream_credentials(key: str) -> tuple[tuple[bytes, bytes], ...]:
+    """The upstream's own key as the credentials to send; none for an empty key."""
+    return ((b"authorization", b"Bearer " + key.encode("latin-1")),) if key else ()
+
+
 def with_upstream_key(headers: list[tuple[bytes, bytes]], key: str) -> list[tuple[bytes, bytes]]:
     """``headers`` with the client's credentials replaced by the upstream's own key."""
     kept = [(name, value) for name, value in headers if name.lower() not in _CREDENTIALS]
-    kept.append((b"authorization", b"Bearer " + key.encode("latin-1")))
+    kept.extend(upstream_credentials(key))
     return kept
 
 

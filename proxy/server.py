@@ -40,7 +40,7 @@ class Limits:
     max_client_connections: int
 
     @classmethod
-    def of(cls, settings: Settings) -> Limits:
+    def from_settings(cls, settings: Settings) -> Limits:
         return cls(
             settings.max_header_bytes,
             settings.max_header_count,

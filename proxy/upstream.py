@@ -19,6 +19,7 @@ from httpx_aiohttp import AiohttpTransport
 from proxy import jsonio
 from proxy.config import Settings
 from proxy.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout
+from proxy.headers import upstream_credentials
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
 
@@ -45,10 +46,7 @@ class Upstream:
         self._total_timeout = settings.total_timeout or None
         # The proxy's own requests without a client's credentials (/v1/models, /metrics)
         # carry the upstream's key, if it has one.
-        key = settings.upstream_api_key
-        self._own_credentials = (
-            ((b"authorization", b"Bearer " + key.encode("latin-1")),) if key else ()
-        )
+        self._own_credentials = upstream_credentials(settings.upstream_api_key)
         timeout = httpx.Timeout(
             connect=settings.connect_timeout,
             read=settings.read_timeout,

@@ -30,7 +30,9 @@ def start_proxy() -> Iterator[Callable[..., RunningProxy]]:
         registry = CollectorRegistry()
         settings = config.load({"upstream": upstream, **overrides}, environ={})
         # The server protocol `prefill-proxy serve` runs, with its limits.
-        server = serve(create_app(settings, registry=registry), http=protocol(Limits.of(settings)))
+        server = serve(
+            create_app(settings, registry=registry), http=protocol(Limits.from_settings(settings))
+        )
         url = server.__enter__()
         stack.append(server)
         return RunningProxy(url, registry)
