@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -33,12 +34,15 @@ from proxy.rewrite.template_kwargs import pin_template_kwargs
 from proxy.rewrite.tool_batching import tool_batching
 from proxy.rewrite.volatile import VolatileDetector, move_volatile
 from proxy.routes import Endpoint, Probes, http_error, internal_error_handler
-from proxy.sessions import MemoryStore
+from proxy.sessions import MemoryStore, SessionStore
 from proxy.tracker import SessionTracker
 from proxy.upstream import Upstream
 from proxy.warmup import Warmer
 
 PASSTHROUGH_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+
+
+log = logging.getLogger("prefill_proxy")
 
 
 def serve_metrics(settings: Settings, registry: CollectorRegistry) -> Any:
@@ -58,6 +62,22 @@ def default_transforms(settings: Settings) -> list[Transform]:
         parallel=settings.parallel_tool_calls, instruction=settings.batching_instruction
     )
     return [canonical_tools, pin_template_kwargs, restore_history, move_volatile, batching]
+
+
+def session_store(settings: Settings, metrics: Metrics) -> SessionStore:
+    if settings.session_store == "redis":
+        from proxy.redis_store import RedisStore, describe
+
+        log.info("session store: %s", describe(settings.redis_url))
+        return RedisStore(
+            settings.redis_url,
+            metrics,
+            ttl_s=settings.session_ttl,
+            max_sessions=settings.session_max,
+            max_bytes=settings.session_max_bytes,
+            timeout=settings.session_store_timeout,
+        )
+    return MemoryStore(settings.session_max, settings.session_ttl)
 
 
 def create_app(
@@ -80,8 +100,8 @@ def create_app(
     detector = VolatileDetector(settings.volatile_patterns)
     tracker = compactor = summarizer = warmer = None
     if settings.sessions:
-        store = MemoryStore(settings.session_max, settings.session_ttl)
-        tracker = SessionTracker(store, detector, metrics, max_posted=settings.session_max)
+        store = session_store(settings, metrics)
+        tracker = SessionTracker(store, detector, metrics)
         warmer = Warmer(
             settings, upstream, metrics, in_flight=lambda: recorder.in_flight, post=tracker.post
         )
@@ -147,6 +167,8 @@ def create_app(
             await warmer.aclose()
         if summarizer is not None:
             await summarizer.aclose()
+        if tracker is not None:
+            await tracker.aclose()
         await upstream.aclose()
 
     # No docs routes: /docs and /openapi.json must reach the upstream like any other path.

@@ -10,7 +10,6 @@ calls: the rewrite pipeline (pure), the session tracker, the compactor, the fan-
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from typing import Any
 
@@ -97,7 +96,7 @@ class ChatCall(Call):
         payload = parse_chat_request(body)
         exchange.model = str(payload.get("model") or "")
         exchange.stream = streams(payload.get("stream"))
-        self.turn = self.open_session(payload)
+        self.turn = await self.open_session(payload)
         forwarded = self.rewrite(payload)
         forwarded = await self.compact(forwarded)
         forwarded = self.ask_for_usage(forwarded)
@@ -117,11 +116,11 @@ class ChatCall(Call):
 
     # -- the steps -----------------------------------------------------------------------
 
-    def open_session(self, payload: dict[str, Any]) -> Turn | None:
+    async def open_session(self, payload: dict[str, Any]) -> Turn | None:
         sessions = self.chat.sessions
         if sessions is None:
             return None
-        turn = sessions.open(self.down.headers, payload)
+        turn = await sessions.open(self.down.headers, payload)
         if turn is not None:  # for the proxy's own requests on this client's behalf
             turn.credentials = hdrs.upstream_credentials(
                 self.settings.upstream_api_key
@@ -174,14 +173,11 @@ class ChatCall(Call):
             return body
 
     def watcher(self) -> ChatStreamWatcher:
-        on_reply = None
-        if self.turn is not None and self.chat.sessions is not None:
-            # At [DONE], before it is relayed: the client's next request must find it.
-            on_reply = functools.partial(self.chat.sessions.close, self.turn)
         return ChatStreamWatcher(
             self.exchange,
             strip_usage=self.strip_usage,
-            on_reply=on_reply,
+            # At [DONE], before it is relayed: the client's next request must find it.
+            on_reply=self.record_reply if self.turn is not None else None,
             max_event=self.settings.max_sse_event_bytes,
             max_reply_chars=self.settings.max_reply_chars,
         )
@@ -196,6 +192,7 @@ class ChatCall(Call):
         elif exchange.status == 400 and any(marker in body for marker in OVERFLOW_MARKERS):
             exchange.context_overflow = True
         self.log_body("response", body)
+        await self.record_reply()
         self.record()
         await self.down.respond(exchange.status, self.reply_headers(keep_length=False), body)
 
@@ -207,11 +204,7 @@ class ChatCall(Call):
 
     # -- record --------------------------------------------------------------------------
 
-    def record_reply(self) -> None:
+    async def record_reply(self) -> None:
         """The reply into its session (once; only a complete, successful one)."""
         if self.turn is not None and self.chat.sessions is not None:
-            self.chat.sessions.close(self.turn, self.exchange)
-
-    def record(self) -> None:
-        self.record_reply()
-        super().record()
+            await self.chat.sessions.close(self.turn, self.exchange)

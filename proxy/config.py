@@ -124,9 +124,31 @@ class Settings:
         "Track conversations (needed by history restoration and prefix-break metrics).",
     )
     session_max: int = _setting(
-        10_000, "Sessions kept in memory; the least recently used beyond this are dropped."
+        10_000,
+        "Sessions kept (per process in memory; all replicas together in redis); the least "
+        "recently used beyond this are dropped.",
     )
     session_ttl: float = _setting(3600.0, "Seconds an idle session is kept.")
+    session_store: str = _setting(
+        "memory",
+        "Where session records live: memory (this process) or redis (shared by every "
+        "replica: needed when more than one proxy serves the same conversations).",
+    )
+    redis_url: str = _setting(
+        "redis://127.0.0.1:6379/0",
+        "The Redis or Valkey server for session_store=redis: redis://, rediss:// (TLS) or "
+        "unix:// (a password goes in the URL; never logged).",
+    )
+    session_store_timeout: float = _setting(
+        0.1,
+        "Seconds a request waits for the session store; then it goes on without its "
+        "session (fail open, counted) and the store is skipped for a second.",
+    )
+    session_max_bytes: int = _setting(
+        1024 * 1024,
+        "Largest session record kept in a shared store; a larger one drops its oldest "
+        "restored messages until it fits.",
+    )
     volatile_patterns: tuple[str, ...] = _setting(
         (),
         "Extra regular expressions for volatile values in system prompts, moved to the "
@@ -245,6 +267,14 @@ class Settings:
             raise SettingsError("max_connections must be at least 1")
         if self.session_max < 1 or self.session_ttl <= 0:
             raise SettingsError("session_max must be at least 1 and session_ttl positive")
+        if self.session_store not in ("memory", "redis"):
+            raise SettingsError(
+                f"session_store must be memory or redis, got {self.session_store!r}"
+            )
+        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise SettingsError("redis_url must start with redis://, rediss:// or unix://")
+        if self.session_store_timeout <= 0 or self.session_max_bytes < 1024:
+            raise SettingsError("session_store_timeout must be positive, session_max_bytes >= 1024")
         for name in ("compaction_high", "compaction_soft", "compaction_window"):
             if not 0 < getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be a fraction between 0 and 1")

@@ -27,6 +27,8 @@ LATENCY_BUCKETS = (
     320.0,
     640.0,
 )
+# A store call on the same network: well under a millisecond, up to the timeout.
+STORE_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 INTER_TOKEN_BUCKETS = (
     0.001,
     0.0025,
@@ -220,6 +222,32 @@ class Metrics:
         self.session_errors = Counter(
             "prefill_proxy_session_errors",
             "Session store failures (the request went on without its session: fail open).",
+            registry=registry,
+        )
+        self.store_latency = Histogram(
+            "prefill_proxy_session_store_seconds",
+            "Session store calls that answered (get, save, delete, ping), by operation.",
+            ("op",),
+            buckets=STORE_BUCKETS,
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "prefill_proxy_session_store_errors",
+            "Session store trouble by kind: timeout, connection, protocol, skipped (calls "
+            "not made for a second after a failure), codec (a record not readable), "
+            "too_large (a record trimmed to session_max_bytes).",
+            ("kind",),
+            registry=registry,
+        )
+        self.sessions_loaded = Counter(
+            "prefill_proxy_sessions_loaded",
+            "Requests that found their session's record in the store (found) or started one (new).",
+            ("outcome",),
+            registry=registry,
+        )
+        self.sessions_saved = Counter(
+            "prefill_proxy_sessions_saved",
+            "Session records saved to the store after a reply.",
             registry=registry,
         )
         self.replies_too_long = Counter(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from proxy import jsonio, sse
@@ -30,7 +30,7 @@ class ChatStreamWatcher:
         exchange: Exchange,
         *,
         strip_usage: bool,
-        on_reply: Callable[[Exchange], None] | None = None,
+        on_reply: Callable[[], Awaitable[None]] | None = None,
         max_event: int | None = None,
         max_reply_chars: int | None = None,
     ) -> None:
@@ -43,6 +43,7 @@ class ChatStreamWatcher:
         self._splitter = sse.EventSplitter(max_event)
         self._held: list[bytes] = []
         self.error: Any = None
+        self.reply_ready = False  # [DONE] came: deliver_reply before relaying it
 
     def relay(self, chunk: bytes, now: float) -> bytes:
         out: list[bytes] = []
@@ -63,8 +64,14 @@ class ChatStreamWatcher:
     def _reply_complete(self) -> None:
         if self._assembler is not None and self._on_reply is not None:
             self._exchange.reply = self._assembler.message()
-            self._on_reply(self._exchange)
-            self._on_reply = None
+            self.reply_ready = True
+
+    async def deliver_reply(self) -> None:
+        """Hand the complete reply on (once), before the chunk with [DONE] is relayed."""
+        if self._on_reply is not None:
+            on_reply, self._on_reply = self._on_reply, None
+            self.reply_ready = False
+            await on_reply()
 
     def _route(self, event: bytes, now: float, out: list[bytes]) -> None:
         data = sse.event_data(event)
@@ -139,6 +146,8 @@ async def relay_chunks(
                     chunk = watcher.relay(chunk, time.perf_counter())
                 except sse.EventTooLarge as exc:
                     raise UpstreamProtocolError(f"the upstream broke the stream: {exc}") from exc
+                if watcher.reply_ready:
+                    await watcher.deliver_reply()
             if chunk:
                 yield chunk
         if watcher is not None and (rest := watcher.flush()):

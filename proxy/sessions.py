@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -31,8 +30,8 @@ MAX_SUBSTITUTIONS = 4096
 @dataclasses.dataclass
 class Pace:
     """A session's rhythm, for timing warm-ups (proxy.warmup): when its last reply with
-    tool calls went out (the warmer's clock) and how long its recent tool rounds took,
-    newest last."""
+    tool calls went out (wall time: any replica reads it) and how long its recent tool
+    rounds took, newest last."""
 
     replied_at: float | None = None
     gaps: list[float] = dataclasses.field(default_factory=list)
@@ -132,24 +131,29 @@ def fingerprint(request: Mapping[str, Any], mask: Mask) -> str:
 
 
 class SessionStore(Protocol):
-    """Where session records live. A networked store implements the same four calls."""
+    """Where session records live: in this process (MemoryStore) or shared by every
+    replica (proxy.redis_store). Calls may fail or time out; the tracker fails open."""
 
-    def get(self, key: str) -> Session | None:
+    async def get(self, key: str) -> Session | None:
         """A copy of the stored record (the caller owns it), or None."""
 
-    def save(self, session: Session) -> bool:
+    async def save(self, session: Session) -> bool:
         """Store ``session`` if the stored record is still the version it was loaded from
         (compare and set), and advance its version; False if another save came first."""
 
-    def delete(self, key: str) -> None: ...
+    async def delete(self, key: str) -> None: ...
 
-    def __len__(self) -> int: ...
+    def held(self) -> int | None:
+        """Records held, as last known (a gauge reads it at scrape time; None: unknown)."""
+
+    async def aclose(self) -> None: ...
 
 
 class MemoryStore:
     """Sessions in this process: least recently used dropped beyond ``max_sessions``, and
     any idle for ``ttl_s`` seconds. It keeps copies, so it behaves as a networked store
-    does: nothing changes a stored record but a save."""
+    does: nothing changes a stored record but a save. The calls never wait (one event
+    loop: nothing runs between a compare and its set)."""
 
     def __init__(
         self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic
@@ -158,36 +162,38 @@ class MemoryStore:
         self._max = max_sessions
         self._ttl = ttl_s
         self._clock = clock
-        self._lock = threading.Lock()
 
-    def get(self, key: str) -> Session | None:
+    async def get(self, key: str) -> Session | None:
         now = self._clock()
-        with self._lock:
-            self._expire(now)
-            session = self._sessions.get(key)
-            if session is None:
-                return None
-            session.touched = now
-            self._sessions.move_to_end(key)
-            return session.copy()
+        self._expire(now)
+        session = self._sessions.get(key)
+        if session is None:
+            return None
+        session.touched = now
+        self._sessions.move_to_end(key)
+        return session.copy()
 
-    def save(self, session: Session) -> bool:
-        with self._lock:
-            stored = self._sessions.get(session.key)
-            if stored is not None and stored.version != session.version:
-                return False  # (a record dropped meanwhile may be saved again)
-            session.version += 1
-            kept = session.copy()
-            kept.touched = self._clock()
-            self._sessions[session.key] = kept
-            self._sessions.move_to_end(session.key)
-            while len(self._sessions) > self._max:
-                self._sessions.popitem(last=False)
-            return True
+    async def save(self, session: Session) -> bool:
+        stored = self._sessions.get(session.key)
+        if stored is not None and stored.version != session.version:
+            return False  # (a record dropped meanwhile may be saved again)
+        session.version += 1
+        kept = session.copy()
+        kept.touched = self._clock()
+        self._sessions[session.key] = kept
+        self._sessions.move_to_end(session.key)
+        while len(self._sessions) > self._max:
+            self._sessions.popitem(last=False)
+        return True
 
-    def delete(self, key: str) -> None:
-        with self._lock:
-            self._sessions.pop(key, None)
+    async def delete(self, key: str) -> None:
+        self._sessions.pop(key, None)
+
+    def held(self) -> int:
+        return len(self._sessions)
+
+    async def aclose(self) -> None:
+        pass
 
     def __len__(self) -> int:
         return len(self._sessions)

@@ -1,12 +1,13 @@
 """Sessions around a chat request: find the session, judge the prompt's continuity, and
 record the reply afterwards. The tracker is the one owner of session records: it loads a
 record when a request opens its session and saves it when the reply is recorded;
-background work (warm-ups, summaries) posts its results here, and they are applied to the
-record at its next load. Failing open: a store error costs the session, not the request."""
+background work (warm-ups, summaries) posts its results here, and they are written to the
+stored record the same way (load, change, compare and set), so every replica sharing the
+store sees them. Failing open: a store error costs the session, not the request."""
 
 from __future__ import annotations
 
-import collections
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -47,7 +48,6 @@ class Turn:
     follows_tool_calls: bool = False
     warmed: bool = False
     recorded: bool = False
-    posted: int = 0  # background results applied to the record when it was loaded
 
 
 class ReplyListener(Protocol):
@@ -69,8 +69,6 @@ class SessionTracker:
         detector: VolatileDetector,
         metrics: Metrics,
         listeners: Sequence[ReplyListener] = (),
-        *,
-        max_posted: int = 10_000,
     ) -> None:
         self.store = store
         self.detector = detector
@@ -78,35 +76,44 @@ class SessionTracker:
         self.listeners = list(listeners)
         # Told the key of each session a request opens (a warm-up for it is then late).
         self.on_open: list[Callable[[str], None]] = []
-        self._posted: collections.OrderedDict[str, list[Change]] = collections.OrderedDict()
-        self._max_posted = max_posted
         self._failures = FailOpenLog(log)
-        metrics.sessions_active.set_function(lambda: len(store))
-
-    def _apply_posted(self, session: Session) -> int:
-        """Apply the results posted for this session; how many there were."""
-        changes = self._posted.get(session.key, [])
-        for change in changes:
-            change(session)
-        return len(changes)
-
-    def _consume_posted(self, key: str, count: int) -> None:
-        """The first ``count`` posted results are in a saved record now."""
-        changes = self._posted.get(key)
-        if changes is not None:
-            del changes[:count]
-            if not changes:
-                del self._posted[key]
+        self._applying: set[asyncio.Task[bool]] = set()
+        metrics.sessions_active.set_function(lambda: store.held() or 0)
 
     def post(self, key: str, change: Change) -> None:
-        """Background work's result for session ``key``: applied when a request next opens
-        it, kept once a save of that record succeeds."""
-        self._posted.setdefault(key, []).append(change)
-        self._posted.move_to_end(key)
-        while len(self._posted) > self._max_posted:
-            self._posted.popitem(last=False)
+        """Background work's result for session ``key``, written to the stored record by
+        a task of its own (load, change, compare and set; again on a conflict)."""
+        task = asyncio.get_running_loop().create_task(self.apply(key, change))
+        self._applying.add(task)
+        task.add_done_callback(self._applying.discard)
 
-    def open(self, headers: Mapping[str, str], request: dict[str, Any]) -> Turn | None:
+    async def apply(self, key: str, change: Change, attempts: int = 3) -> bool:
+        """``change`` into the stored record of ``key``; False if there is none, the store
+        failed or every attempt lost its race."""
+        try:
+            for _ in range(attempts):
+                session = await self.store.get(key)
+                if session is None:
+                    return False
+                change(session)
+                if await self.store.save(session):
+                    return True
+                self._metrics.session_conflicts.inc()
+        except Exception as exc:  # fail open: a follow-up result is not worth a request
+            self._failures.failed("session update", exc)
+            self._metrics.session_errors.inc()
+        return False
+
+    async def settled(self) -> None:
+        """Wait for the posted results in flight (tests, shutdown)."""
+        while self._applying:
+            await asyncio.gather(*self._applying, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        await self.settled()
+        await self.store.aclose()
+
+    async def open(self, headers: Mapping[str, str], request: dict[str, Any]) -> Turn | None:
         messages = request.get("messages")
         if not isinstance(messages, list):
             return None
@@ -117,16 +124,16 @@ class SessionTracker:
             return None
         try:
             key, _source = identify(headers, request, self.detector.mask)
-            session = self.store.get(key) or Session(key)
+            session = await self.store.get(key)
         except Exception as exc:  # fail open: the request goes on without its session
             self._failures.failed("session lookup", exc)
             self._metrics.session_errors.inc()
             return None
-        posted = self._apply_posted(session)
+        self._metrics.sessions_loaded.labels("new" if session is None else "found").inc()
+        session = session or Session(key)
         for opened in self.on_open:
             opened(key)
         turn = Turn(session, messages, keys)
-        turn.posted = posted
         turn.follows_tool_calls = session.last_reply_tool_calls > 0
         turn.warmed = session.warmed
         return turn
@@ -167,7 +174,7 @@ class SessionTracker:
             session.last_note_lines = lines
             session.note_carrier = turn.keys[target]
 
-    def close(self, turn: Turn, exchange: Exchange) -> None:
+    async def close(self, turn: Turn, exchange: Exchange) -> None:
         """After the reply: remember it (only a complete, successful one; once), let the
         listeners follow up, and save the record."""
         if turn.recorded or exchange.status != 200 or exchange.reply is None:
@@ -186,7 +193,7 @@ class SessionTracker:
                 name = type(listener).__name__
                 self._failures.failed(f"{name} after a reply", exc)
                 self._metrics.listener_failures.labels(name).inc()
-        self._save(turn, exchange)
+        await self._save(turn, exchange)
 
     def _remember(self, turn: Turn, session: Session, exchange: Exchange) -> None:
         """The reply into ``session`` (the turn's, or a fresher load of the same record)."""
@@ -213,24 +220,23 @@ class SessionTracker:
             session.pinned_template_kwargs.setdefault(key, value)
         self._note_placed(turn, session)
 
-    def _save(self, turn: Turn, exchange: Exchange) -> None:
+    async def _save(self, turn: Turn, exchange: Exchange) -> None:
         """Compare and set. When another request of the session saved first (a retry, two
-        sub-agents sharing a head), its record is loaded again and this reply recorded
-        into it: both replies' substitutions survive; this one's follow-up state
-        (compaction, pacing) gives way to the other's, which is as recent."""
+        sub-agents sharing a head, a background result), its record is loaded again and
+        this reply recorded into it: both replies' substitutions survive; this one's
+        follow-up state (compaction, pacing) gives way to the other's, which is as recent."""
         key = turn.session.key
         try:
-            if self.store.save(turn.session):
-                self._consume_posted(key, turn.posted)
+            if await self.store.save(turn.session):
+                self._metrics.sessions_saved.inc()
                 return
             self._metrics.session_conflicts.inc()
-            fresh = self.store.get(key) or Session(key)
+            fresh = await self.store.get(key) or Session(key)
             if fresh.last_chain == turn.session.last_chain:
                 return  # the other save recorded this same conversation and reply (a retry)
-            posted = self._apply_posted(fresh)
             self._remember(turn, fresh, exchange)
-            if self.store.save(fresh):
-                self._consume_posted(key, posted)
+            if await self.store.save(fresh):
+                self._metrics.sessions_saved.inc()
             else:
                 log.warning("session %s changed twice during one save; reply not kept", key)
         except Exception as exc:  # fail open

@@ -97,6 +97,7 @@ class Warmer:
         post: Callable[[str, Callable[[Session], None]], None] | None = None,
         monitor: EngineMonitor | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        wall: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
         self._enabled = settings.warmup  # off: only the step TTFTs are observed
@@ -108,7 +109,9 @@ class Warmer:
         self._in_flight = in_flight  # the proxy's requests in flight (Recorder.in_flight)
         self._post = post  # results for a session's record (SessionTracker.post)
         self._monitor = monitor or EngineMonitor(upstream.call)
-        self._clock = clock  # the exchanges' clock: tool rounds are measured against it
+        self._clock = clock  # the exchanges' clock (Exchange.started)
+        # Wall time for what goes into the record: another replica reads it.
+        self._wall = wall
         self._sleep = sleep
         # Per session: its warm-up task and job (runtime only: the record is the session's).
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -128,13 +131,15 @@ class Warmer:
             ttft = exchange.first_token_at - exchange.started
             self._metrics.step_ttft.labels("yes" if turn.warmed else "no").observe(ttft)
         pace = turn.session.pace  # saved with the record after this call
+        wall = self._wall()
+        began = wall - (self._clock() - exchange.started)  # this request's start, wall time
         if turn.follows_tool_calls and pace.replied_at is not None:
-            pace.add_gap(max(exchange.started - pace.replied_at, 0.0), GAPS_KEPT)
+            pace.add_gap(max(began - pace.replied_at, 0.0), GAPS_KEPT)
         reply = exchange.reply
         if not (reply and reply.get("tool_calls")):
             pace.replied_at = None
             return
-        pace.replied_at = self._clock()
+        pace.replied_at = wall
         delay = warm_delay(pace.gaps, self._recompute_s)
         job = _Job(
             turn.request,

@@ -11,6 +11,7 @@ tracemalloc. Prints one table.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import tracemalloc
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def main() -> None:
     tracker = SessionTracker(store, detector, Metrics(CollectorRegistry()))
     for step in steps:
         body = request.build(step, profile, "m")
-        turn = tracker.open({}, body)
+        turn = asyncio.run(tracker.open({}, body))
         assert turn is not None
         context = RewriteContext(session=turn.session, volatile=detector)
         forwarded = pipeline.apply(body, context).request
@@ -56,7 +57,7 @@ def main() -> None:
         tracker.forward(turn, forwarded, exchange)
         exchange.usage = {"prompt_tokens": 1000, "completion_tokens": 50}
         exchange.reply = step.reply
-        tracker.close(turn, exchange)
+        asyncio.run(tracker.close(turn, exchange))
     # What stays is the store's: the rewrites' caches are per process, not per session.
     _canonical_tools.cache_clear()
     detector._line_spans.cache_clear()  # type: ignore[attr-defined]

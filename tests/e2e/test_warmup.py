@@ -398,6 +398,7 @@ class Direct:
             Metrics(self.registry),
             in_flight=lambda: 0,
             clock=lambda: self.now,
+            wall=lambda: self.now,
             sleep=sleep or self.sleep,
         )
         self.session = Session("s1")

@@ -14,11 +14,11 @@ class CodecStore:
         self._records: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         self._versions: dict[str, int] = {}
 
-    def get(self, key: str) -> Session | None:
+    async def get(self, key: str) -> Session | None:
         data = self._records.get(key)
         return None if data is None else session_codec.decode(data)
 
-    def save(self, session: Session) -> bool:
+    async def save(self, session: Session) -> bool:
         stored = self._versions.get(session.key)
         if stored is not None and stored != session.version:
             return False
@@ -27,9 +27,15 @@ class CodecStore:
         self._versions[session.key] = session.version
         return True
 
-    def delete(self, key: str) -> None:
+    async def delete(self, key: str) -> None:
         self._records.pop(key, None)
         self._versions.pop(key, None)
+
+    async def aclose(self) -> None:
+        pass
+
+    def held(self) -> int:
+        return len(self._records)
 
     def __len__(self) -> int:
         return len(self._records)

@@ -3,6 +3,7 @@ recorded reply (through the session tracker, as the proxy calls it)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -72,12 +73,12 @@ class Tracked:
 
     def step(self, messages: list[Any], reply: dict[str, Any], status: int = 200) -> None:
         request = {"model": "m", "messages": messages}
-        turn = self.tracker.open({}, request)
+        turn = asyncio.run(self.tracker.open({}, request))
         assert turn is not None
         exchange = Exchange("/v1/chat/completions", "POST", status=status)
         self.tracker.forward(turn, request, exchange)
         exchange.reply = reply
-        self.tracker.close(turn, exchange)
+        asyncio.run(self.tracker.close(turn, exchange))
 
     def histogram(self, name: str) -> tuple[float, float]:
         count = self.registry.get_sample_value(f"prefill_proxy_{name}_count") or 0.0

@@ -3,11 +3,15 @@ byte forwarded unchanged, whatever the chunking; token timing and usage captured
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.exchange import Exchange
-from proxy.relay import ChatStreamWatcher
+from proxy.relay import ChatStreamWatcher, relay_chunks
 from tests.support.fake_upstream import USAGE, WORDS, stream_events
 from tests.unit.test_sse import split_at
 
@@ -80,13 +84,27 @@ def test_non_json_and_comment_events_pass_through() -> None:
 
 def test_the_reply_is_handed_over_before_done_is_relayed() -> None:
     """Clients send their next request the moment they see [DONE]: the session must
-    already hold this reply by then."""
-    replies = []
+    already hold this reply by then (the handover is awaited: a shared store's save)."""
+    seen: list[Any] = []
     exchange = Exchange("/v1/chat/completions", "POST")
-    watcher = ChatStreamWatcher(exchange, strip_usage=True, on_reply=replies.append)
-    *body, done = WITH_USAGE
-    watcher.relay(b"".join(body), 1.0)
-    assert replies == []
-    assert watcher.relay(done, 2.0) == done
-    assert replies == [exchange]
+
+    async def on_reply() -> None:
+        await asyncio.sleep(0)  # a save that waits on the store
+        seen.append(("reply", exchange.reply))
+
+    class Body:
+        async def iter_bytes(self) -> AsyncIterator[bytes]:
+            *body, done = WITH_USAGE
+            yield b"".join(body)
+            yield done
+
+    async def relayed() -> None:
+        watcher = ChatStreamWatcher(exchange, strip_usage=True, on_reply=on_reply)
+        async for chunk in relay_chunks(Body(), exchange, watcher):  # type: ignore[arg-type]
+            seen.append(("chunk", chunk))
+
+    asyncio.run(relayed())
+    kinds = [kind for kind, _ in seen]
+    assert kinds[-2:] == ["reply", "chunk"] and seen[-1][1].endswith(b"data: [DONE]\n\n")
+    assert kinds.count("reply") == 1
     assert exchange.reply == {"role": "assistant", "content": "".join(WORDS)}

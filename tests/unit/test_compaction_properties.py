@@ -105,7 +105,7 @@ async def replay(
     for step, length in enumerate(request_points(messages)):
         client = messages[:length]
         request = {"model": "m", "messages": client}
-        turn = tracker.open({}, request)
+        turn = await tracker.open({}, request)
         assert turn is not None
         exchange = Exchange("/v1/chat/completions", "POST")
         out = (await compactor.apply(request, turn, exchange))["messages"]
@@ -138,10 +138,11 @@ async def replay(
             messages[length] if length < len(messages) else {"role": "assistant", "content": "ok"}
         )
         exchange.status, exchange.reply = 200, reply
-        tracker.close(turn, exchange)
+        await tracker.close(turn, exchange)
         running = compactor.summaries.running()
         if running and finish[step % len(finish)]:
             await asyncio.gather(*running, return_exceptions=True)
+        await tracker.settled()  # what the summaries posted is in the record
     compactor.close()
     await upstream.aclose()
     return forwarded

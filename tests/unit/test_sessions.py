@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from typing import Any
@@ -14,6 +15,8 @@ from proxy.rewrite.restore import restore_history
 from proxy.sessions import MemoryStore, Session, identify
 from proxy.transcript import chain_keys, exact_chain
 from tests.support.stores import CodecStore
+
+run = asyncio.run
 
 SYSTEM = {"role": "system", "content": "You are an airline agent. Today is 2026-11-29."}
 USER = {"role": "user", "content": "Change my flight ABC123 to Friday."}
@@ -148,30 +151,30 @@ def test_memory_store_is_bounded_by_count_and_idle_time() -> None:
     now = [0.0]
     store = MemoryStore(max_sessions=2, ttl_s=10, clock=lambda: now[0])
     for key in ("a", "b", "c"):
-        assert store.save(Session(key))
-    assert store.get("a") is None and len(store) == 2  # least recently used went first
+        assert run(store.save(Session(key)))
+    assert run(store.get("a")) is None and len(store) == 2  # least recently used went first
     now[0] = 5
-    assert store.get("b") is not None  # touched at 5
+    assert run(store.get("b")) is not None  # touched at 5
     now[0] = 12
-    assert store.get("c") is None  # idle since 0
-    assert store.get("b") is not None
+    assert run(store.get("c")) is None  # idle since 0
+    assert run(store.get("b")) is not None
 
 
 def test_the_store_hands_out_copies_and_saves_compare_and_set() -> None:
     store = MemoryStore(max_sessions=10, ttl_s=60)
-    assert store.save(Session("s"))
-    first, second = store.get("s"), store.get("s")
+    assert run(store.save(Session("s")))
+    first, second = run(store.get("s")), run(store.get("s"))
     assert first is not None and second is not None and first is not second
     first.substitute(b"k", {"role": "assistant", "content": "a"})
     first.pace.add_gap(2.0, keep=4)
-    untouched = store.get("s")
+    untouched = run(store.get("s"))
     assert untouched is not None and not untouched.substitutions and not untouched.pace.gaps
-    assert store.save(first) and first.version == 2
-    assert not store.save(second)  # loaded before first's save: it would undo it
-    current = store.get("s")
+    assert run(store.save(first)) and first.version == 2
+    assert not run(store.save(second))  # loaded before first's save: it would undo it
+    current = run(store.get("s"))
     assert current is not None and list(current.substitutions) == [b"k"]
-    store.delete("s")
-    assert store.get("s") is None and len(store) == 0
+    run(store.delete("s"))
+    assert run(store.get("s")) is None and len(store) == 0
 
 
 def test_substitutions_per_session_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,7 +209,7 @@ class Proxy:
         from proxy.exchange import Exchange
 
         request = {"model": "m", "messages": copy.deepcopy(messages)}
-        turn = self.tracker.open({}, request)
+        turn = asyncio.run(self.tracker.open({}, request))
         assert turn is not None
         context = RewriteContext(
             session=turn.session, volatile=self.detector, message_keys=turn.keys
@@ -216,7 +219,7 @@ class Proxy:
         self.tracker.forward(turn, forwarded, exchange)
         exchange.usage = {"prompt_tokens": 10, "completion_tokens": 1} if usage else None
         exchange.reply = reply
-        self.tracker.close(turn, exchange)
+        asyncio.run(self.tracker.close(turn, exchange))
         return forwarded["messages"], exchange.prefix_break
 
 
@@ -269,13 +272,13 @@ def test_two_requests_of_one_session_at_once_both_keep_their_replies(proxy: Prox
     turns = []
     for reply in (EMITTED, other_task):
         request = {"model": "m", "messages": [SYSTEM, USER]}
-        turn = tracker.open({}, request)
+        turn = run(tracker.open({}, request))
         assert turn is not None
         exchange = Exchange("/v1/chat/completions", "POST", status=200, reply=reply)
         tracker.forward(turn, request, exchange)
         turns.append((turn, exchange))
     for turn, exchange in turns:
-        tracker.close(turn, exchange)
+        run(tracker.close(turn, exchange))
     assert proxy.registry.get_sample_value("prefill_proxy_session_conflicts_total") == 1
     sent, _ = proxy.step([SYSTEM, USER, as_langchain_sends_it(EMITTED), RESULT], EMITTED)
     assert sent[2] == EMITTED  # the first reply's exact bytes survived the second's save

@@ -63,6 +63,7 @@ class Harness:
             in_flight=lambda: 1,
             post=lambda key, change: self.posted.append((key, change)),
             clock=self.clock,
+            wall=self.clock,
         )
         self.session = Session("s")
 
