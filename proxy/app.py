@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import gc
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ from proxy.chat import CHAT_ROUTE, ChatCall, ChatServices
 from proxy.compaction import Compactor
 from proxy.compaction.budget import Sizer
 from proxy.config import Settings
+from proxy.engines import Engines
 from proxy.exchange import Recorder
 from proxy.fanout import FanoutGate
 from proxy.metrics import Metrics
@@ -64,6 +66,13 @@ def default_transforms(settings: Settings) -> list[Transform]:
     return [canonical_tools, pin_template_kwargs, restore_history, move_volatile, batching]
 
 
+def _prober(upstream: Upstream) -> Callable[[str, str], Awaitable[tuple[int, bytes]]]:
+    async def get(base: str, path: str) -> tuple[int, bytes]:
+        return await upstream.call(path, timeout=2.0, base=base)
+
+    return get
+
+
 def session_store(settings: Settings, metrics: Metrics) -> SessionStore:
     if settings.session_store == "redis":
         from proxy.redis_store import RedisStore, describe
@@ -98,6 +107,14 @@ def create_app(
         disabled=settings.disabled_rewrites,
     )
     detector = VolatileDetector(settings.volatile_patterns)
+    engines = Engines(
+        settings.upstreams,
+        metrics,
+        max_waiting=settings.engine_max_waiting,
+        probe_interval=settings.engine_probe_interval,
+        health_path=settings.ready_path,
+        dns_refresh=settings.upstream_dns_refresh,
+    )
     tracker = compactor = summarizer = warmer = None
     if settings.sessions:
         store = session_store(settings, metrics)
@@ -134,12 +151,13 @@ def create_app(
         else None
     )
     keys = tuple(key.encode("latin-1") for key in settings.api_keys)
-    services = Services(settings, upstream, recorder, keys=keys)
+    services = Services(settings, upstream, recorder, keys=keys, engines=engines)
     chat = ChatServices(
         settings,
         upstream,
         recorder,
         keys=keys,
+        engines=engines,
         pipeline=pipeline,
         sessions=tracker,
         compactor=compactor,
@@ -158,7 +176,9 @@ def create_app(
         # a full collection walks the requests' objects alone (26 ms -> 3.5 ms per full
         # collection at c=64; tests/benchmarks/overhead.py's p99).
         gc.freeze()
+        probing = asyncio.create_task(engines.run(_prober(upstream)))
         yield
+        probing.cancel()
         if metrics_server is not None:
             metrics_server.shutdown()
         if compactor is not None:

@@ -20,6 +20,7 @@ from proxy import headers as hdrs
 from proxy import jsonio
 from proxy.config import Settings
 from proxy.downstream import ClientGone, Downstream
+from proxy.engines import Engine, Engines
 from proxy.errors import (
     InternalError,
     ProxyError,
@@ -31,7 +32,7 @@ from proxy.errors import (
 from proxy.exchange import Recorder
 from proxy.failopen import FailOpenLog
 from proxy.relay import ChatStreamWatcher, relay_chunks
-from proxy.upstream import Upstream, UpstreamResponse
+from proxy.upstream import RawHeaders, Upstream, UpstreamResponse
 
 JSON = b"application/json"
 log = logging.getLogger("prefill_proxy.call")
@@ -53,6 +54,8 @@ class Services:
     )
     # The client keys (api_keys) as bytes; empty: no check.
     keys: tuple[bytes, ...] = ()
+    # The engines behind the upstream setting (one, usually).
+    engines: Engines | None = None
 
 
 class Call:
@@ -64,6 +67,7 @@ class Call:
         self.down = down
         self.exchange = services.recorder.begin(route or self.route, down.method)
         self.response: UpstreamResponse | None = None
+        self.engine: Engine | None = None  # where the request went, while it is there
         self._recorded = False
 
     async def run(self) -> None:
@@ -93,6 +97,8 @@ class Call:
             if self.response is not None:
                 # No shield needed: the connection is released before aclose's first await.
                 await self.response.aclose()
+            if self.engine is not None:
+                self.engine.in_flight -= 1
             self.exchange.client_disconnected = self.down.gone
             self.record()
 
@@ -117,6 +123,9 @@ class Call:
         (closing the upstream connection, so vLLM aborts)."""
         exchange = self.exchange
         upstream_headers = hdrs.upstream_request(self.down.raw_headers, parsed_body=parsed_body)
+        if extra := self.routing_headers():
+            names = {name for name, _ in extra}
+            upstream_headers = [h for h in upstream_headers if h[0].lower() not in names] + extra
         if self.settings.upstream_api_key:
             upstream_headers = hdrs.with_upstream_key(
                 upstream_headers, self.settings.upstream_api_key
@@ -125,9 +134,7 @@ class Call:
         exchange.overhead_s = time.perf_counter() - exchange.started - exchange.held_s
         self.down.watch()
         try:
-            response = await self.services.upstream.send(
-                self.down.method, self.down.target, upstream_headers, content
-            )
+            response = await self._send_to_engine(upstream_headers, content)
         except UpstreamError as error:
             exchange.error_kind = error.kind
             raise
@@ -136,6 +143,36 @@ class Call:
         if response.status >= 400:
             exchange.error_kind = f"status_{response.status // 100}xx"
         return response
+
+    async def _send_to_engine(self, headers: RawHeaders, content: bytes | None) -> UpstreamResponse:
+        upstream, engines = self.services.upstream, self.services.engines
+        method, target = self.down.method, self.down.target
+        if engines is None:
+            return await upstream.send(method, target, headers, content)
+        engine = self.choose_engine()
+        try:
+            response = await upstream.send(method, target, headers, content, base=engine.url)
+        except UpstreamError as error:
+            if error.kind != "connect" or not engines.probed:
+                raise
+            # Refused before anything was sent: no generation to duplicate. The engine is
+            # skipped from now on, and the request goes where its session moves (once).
+            engines.refused(engine)
+            engine = self.choose_engine()
+            response = await upstream.send(method, target, headers, content, base=engine.url)
+        engine.in_flight += 1
+        self.engine = engine
+        self.services.recorder.metrics.engine_requests.labels(engine.url).inc()
+        return response
+
+    def routing_headers(self) -> list[tuple[bytes, bytes]]:
+        """Headers for a router in front of the engines (upstream_session_header)."""
+        return []
+
+    def choose_engine(self) -> Engine:
+        """The engine for this request: a request without a session, the least loaded."""
+        assert self.services.engines is not None
+        return self.services.engines.for_request()
 
     def response_headers(self, *, keep_length: bool = True) -> list[tuple[bytes, bytes]]:
         assert self.response is not None

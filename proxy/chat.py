@@ -19,6 +19,7 @@ from proxy.call import Call, Services
 from proxy.chunks import reply_message
 from proxy.compaction import Compactor
 from proxy.downstream import Downstream
+from proxy.engines import Engine
 from proxy.errors import BadRequest
 from proxy.failopen import FailOpenLog
 from proxy.fanout import FanoutGate
@@ -126,6 +127,23 @@ class ChatCall(Call):
                 self.settings.upstream_api_key
             ) or hdrs.credentials(self.down.raw_headers)
         return turn
+
+    def routing_headers(self) -> list[tuple[bytes, bytes]]:
+        name = self.settings.upstream_session_header
+        if not name or self.turn is None:
+            return []
+        return [(name.lower().encode("latin-1"), hdrs.header_value(self.turn.session.key))]
+
+    def choose_engine(self) -> Engine:
+        """The session's engine (placed, kept or moved: saved with its record)."""
+        engines = self.services.engines
+        assert engines is not None
+        if self.turn is None:
+            return engines.for_request()
+        session = self.turn.session
+        placement = engines.for_session(session.key, session.engine)
+        session.engine = placement.engine.url
+        return placement.engine
 
     def rewrite(self, payload: dict[str, Any]) -> dict[str, Any]:
         if not self.rewriting:

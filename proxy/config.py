@@ -30,7 +30,28 @@ def _setting(default: Any, help: str) -> Any:
 @dataclasses.dataclass(frozen=True)
 class Settings:
     upstream: str = _setting(
-        "http://127.0.0.1:8000", "Base URL of the OpenAI-compatible engine (vLLM)."
+        "http://127.0.0.1:8000",
+        "Base URL of the OpenAI-compatible engine (vLLM); several, comma-separated, for a "
+        "proxy in front of several engines (sessions stay on one: proxy/engines.py).",
+    )
+    upstream_dns_refresh: float = _setting(
+        0.0,
+        "Seconds between re-resolving the upstream's host name into one engine per address "
+        "(a Kubernetes headless Service); 0: the URLs as given.",
+    )
+    engine_probe_interval: float = _setting(
+        2.0, "Seconds between health probes of each engine (only with more than one)."
+    )
+    engine_max_waiting: float = _setting(
+        0.0,
+        "Skip an engine for new and moving sessions while its vllm:num_requests_waiting is "
+        "above this (read from its /metrics at each probe); 0: never.",
+    )
+    upstream_session_header: str = _setting(
+        "",
+        "Send each chat request's session key upstream in this header, for a cache-aware "
+        "router in front of the engines (README: which header each router reads); empty: "
+        "not sent.",
     )
     host: str = _setting("127.0.0.1", "Address the proxy listens on.")
     port: int = _setting(8080, "Port the proxy listens on.")
@@ -244,8 +265,15 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
-        if not self.upstream.startswith(("http://", "https://")):
-            raise SettingsError(f"upstream must be an http(s) URL, got {self.upstream!r}")
+        for url in self.upstreams:
+            if not url.startswith(("http://", "https://")):
+                raise SettingsError(f"upstream must be http(s) URLs, got {url!r}")
+        if self.upstream_dns_refresh < 0 or self.engine_max_waiting < 0:
+            raise SettingsError("upstream_dns_refresh and engine_max_waiting must be >= 0")
+        if self.upstream_dns_refresh and len(self.upstreams) > 1:
+            raise SettingsError("upstream_dns_refresh takes one upstream URL (its host name)")
+        if self.engine_probe_interval <= 0:
+            raise SettingsError("engine_probe_interval must be positive")
         for name in (
             "max_body_bytes",
             "max_sse_event_bytes",
@@ -296,8 +324,14 @@ class Settings:
             raise SettingsError("warmup_max_inflight and engine_block_size must be >= 0")
 
     @property
+    def upstreams(self) -> tuple[str, ...]:
+        """The engines' base URLs, as configured."""
+        return tuple(url.strip().rstrip("/") for url in self.upstream.split(",") if url.strip())
+
+    @property
     def upstream_base(self) -> str:
-        return self.upstream.rstrip("/")
+        """The first engine's base URL (the only one, usually)."""
+        return self.upstreams[0] if self.upstreams else self.upstream
 
 
 def fields() -> tuple[dataclasses.Field[Any], ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Iterable, Sequence
 
@@ -85,6 +86,13 @@ _CREDENTIALS = frozenset({b"authorization", b"api-key", b"x-api-key"})
 
 def credentials(headers: RawHeaders) -> tuple[tuple[bytes, bytes], ...]:
     return tuple((name.lower(), value) for name, value in headers if name.lower() in _CREDENTIALS)
+
+
+def header_value(text: str) -> bytes:
+    """``text`` as a header value: as it is when it is printable ASCII, else its hash."""
+    if text.isascii() and text.isprintable():
+        return text.encode("ascii")
+    return b"x:" + hashlib.blake2b(text.encode(), digest_size=16).hexdigest().encode()
 
 
 def upstream_credentials(key: str) -> tuple[tuple[bytes, bytes], ...]:

@@ -224,6 +224,25 @@ class Metrics:
             "Session store failures (the request went on without its session: fail open).",
             registry=registry,
         )
+        self.engines_healthy = Gauge(
+            "prefill_proxy_engines_healthy",
+            "Engines passing their health probe (all of them when there is only one).",
+            registry=registry,
+        )
+        self.engine_requests = Counter(
+            "prefill_proxy_engine_requests",
+            "Requests sent to each engine (the proxy's own warm-ups and summaries included).",
+            ("engine",),
+            registry=registry,
+        )
+        self.routing = Counter(
+            "prefill_proxy_routing_decisions",
+            "Where requests went among several engines: new (a session placed by its "
+            "hash), affinity (its engine), moved (to the next of its ranking; reason: "
+            "unhealthy, overloaded, removed), no_session (least loaded).",
+            ("decision", "reason"),
+            registry=registry,
+        )
         self.store_latency = Histogram(
             "prefill_proxy_session_store_seconds",
             "Session store calls that answered (get, save, delete, ping), by operation.",

@@ -40,12 +40,24 @@ class Probes:
     def __init__(self, services: Services) -> None:
         self._settings = services.settings
         self._upstream = services.upstream
+        self._engines = services.engines
         self._registry = services.recorder.metrics.registry
 
     async def health(self, request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type=JSON)
 
     async def ready(self, request: Request) -> Response:
+        engines = self._engines
+        if engines is not None and engines.probed:  # several: what the probes found
+            healthy = sum(engine.healthy for engine in engines.engines)
+            body = jsonio.dumps(
+                {
+                    "status": "ready" if healthy else "no engine",
+                    "engines": len(engines.engines),
+                    "healthy": healthy,
+                }
+            )
+            return Response(body, status_code=200 if healthy else 503, media_type=JSON)
         path = self._settings.ready_path
         try:
             status = await self._upstream.probe(path)

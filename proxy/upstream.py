@@ -66,9 +66,16 @@ class Upstream:
         await self._client.aclose()
 
     async def send(
-        self, method: str, path: str, headers: RawHeaders, body: bytes | None
+        self,
+        method: str,
+        path: str,
+        headers: RawHeaders,
+        body: bytes | None,
+        *,
+        base: str = "",
     ) -> UpstreamResponse:
-        """Send a request; return as soon as the response headers are in.
+        """Send a request (to engine ``base``; default: the first upstream); return as soon
+        as the response headers are in.
 
         Raises UpstreamError (refused), UpstreamTimeout, UpstreamProtocolError (broken).
         """
@@ -80,7 +87,7 @@ class Upstream:
         # which was about a tenth of the proxy's CPU per request (tests/benchmarks).
         request = httpx.Request(
             method,
-            self.base_url + path,
+            (base or self.base_url) + path,
             headers=headers,
             content=body,
             extensions=self._extensions,
@@ -103,6 +110,7 @@ class Upstream:
         *,
         headers: RawHeaders = (),
         timeout: float | None = None,
+        base: str = "",
     ) -> tuple[int, bytes]:
         """(status, body) of a request the proxy makes on its own (warm-ups, summaries,
         /v1/models, /metrics): POST with a JSON ``payload``, GET without one. Bounded by
@@ -113,7 +121,8 @@ class Upstream:
             sent.append((b"content-type", b"application/json"))
         try:
             async with asyncio.timeout(timeout):
-                response = await self.send("POST" if content else "GET", path, sent, content)
+                method = "POST" if content else "GET"
+                response = await self.send(method, path, sent, content, base=base)
                 try:
                     return response.status, await response.read()
                 finally:

@@ -59,6 +59,7 @@ class Warmer(Protocol):
         credentials: RawHeaders,
         session_key: str,
         trigger: str = "compaction",
+        engine: str = "",
     ) -> None: ...
 
 
@@ -82,7 +83,9 @@ class Compactor:
         self.settings = settings
         self.limits = ContextLimits(settings, upstream)
         self.planner = Planner(settings, sizer, in_context=summarizer is None)
-        self.summaries = Summaries(settings, summarizer or upstream, metrics, post=post)
+        self.summaries = Summaries(
+            settings, summarizer or upstream, metrics, post=post, own_engine=summarizer is not None
+        )
         self.metrics = metrics
         self.mask = mask
         self.warmer = warmer
@@ -208,7 +211,9 @@ class Compactor:
             self.metrics.summaries.labels("on_time").inc()
         self._commit(turn.session, new, kind, "", before, after)
         warm = {**turn.request, "messages": compacted.messages}
-        self.warmer.warm(warm, turn.credentials, turn.session.key, "compaction")  # type: ignore[union-attr]
+        self.warmer.warm(  # type: ignore[union-attr]
+            warm, turn.credentials, turn.session.key, "compaction", turn.session.engine
+        )
 
     # -- decisions -----------------------------------------------------------------------
 
@@ -251,7 +256,9 @@ class Compactor:
         ask = self.planner.summary_ask(state, snap, budget, cut, request)
         if ask is None:
             return None
-        return self.summaries.start(session.key, ask, turn.credentials, base=state.cut_key)
+        return self.summaries.start(
+            session.key, ask, turn.credentials, base=state.cut_key, engine=session.engine
+        )
 
     # -- bookkeeping ---------------------------------------------------------------------
 

@@ -68,9 +68,11 @@ class Summaries:
         *,
         post: Callable[[str, Callable[[Session], None]], None] | None = None,
         clock: Callable[[], float] = time.time,
+        own_engine: bool = False,
     ) -> None:
         self._settings = settings
         self._summarizer = summarizer
+        self._own_engine = own_engine  # summarizer_url: not the sessions' engines
         self._metrics = metrics
         self._post = post
         self._clock = clock  # wall time: a record's back-off means the same on any replica
@@ -97,9 +99,18 @@ class Summaries:
         return failed_at is None or self._clock() - failed_at >= RETRY_S
 
     def start(
-        self, key: str, ask: SummaryAsk, credentials: RawHeaders, *, base: bytes | None
+        self,
+        key: str,
+        ask: SummaryAsk,
+        credentials: RawHeaders,
+        *,
+        base: bytes | None,
+        engine: str = "",
     ) -> Pending:
-        task = asyncio.create_task(self._summarize(key, ask.request, credentials))
+        """Start summarizing for session ``key`` (on its ``engine``, unless summaries have
+        an engine of their own)."""
+        engine = "" if self._own_engine else engine
+        task = asyncio.create_task(self._summarize(key, ask.request, credentials, engine))
         task.add_done_callback(_retrieve)
         if len(self._pending) >= self._settings.session_max:  # sessions the store dropped
             self.drop(next(iter(self._pending)))
@@ -154,7 +165,9 @@ class Summaries:
         for key in list(self._pending):
             self.drop(key)
 
-    async def _summarize(self, key: str, request: dict[str, Any], credentials: RawHeaders) -> str:
+    async def _summarize(
+        self, key: str, request: dict[str, Any], credentials: RawHeaders, engine: str
+    ) -> str:
         started = time.perf_counter()
         try:
             text = await summarize(
@@ -162,6 +175,7 @@ class Summaries:
                 request,
                 credentials=credentials,
                 timeout=self._settings.summary_timeout,
+                base=engine,
             )
         except Exception as exc:
             log.warning("summary failed: %s", exc)

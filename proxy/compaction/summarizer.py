@@ -171,10 +171,12 @@ async def summarize(
     *,
     credentials: RawHeaders = (),
     timeout: float | None = None,
+    base: str = "",
 ) -> str:
-    """Ask the summarizer; the summary text, or UpstreamError / ValueError."""
+    """Ask the summarizer (engine ``base``, default its first); the summary text, or
+    UpstreamError / ValueError."""
     status, body = await upstream.call(
-        "/v1/chat/completions", request, headers=credentials, timeout=timeout
+        "/v1/chat/completions", request, headers=credentials, timeout=timeout, base=base
     )
     if status != 200:
         detail = body[:300].decode(errors="replace")

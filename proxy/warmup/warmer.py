@@ -69,6 +69,7 @@ class _Job:
     credentials: RawHeaders
     session_key: str
     trigger: str
+    engine: str = ""  # the session's engine ("": the first upstream)
     marks: bool = False  # a warm-up for the step after tool calls: its session is told
     client_back: bool = False  # the session's next request came: this job is late
     delay: float | None = None  # then warm again this many seconds later (timed)
@@ -147,6 +148,7 @@ class Warmer:
             turn.credentials,
             turn.session.key,
             "tool_calls",
+            turn.session.engine,
             marks=True,
             delay=delay,
             window=min(pace.gaps) - delay if delay is not None else 0.0,
@@ -165,12 +167,14 @@ class Warmer:
         credentials: RawHeaders,
         session_key: str,
         trigger: str = "compaction",
+        engine: str = "",
     ) -> None:
         """Warm ``request``'s messages (a forwarded chat request) in the background, within
         the same bounds. Returns at once."""
         messages = request.get("messages")
         if isinstance(messages, list) and messages:
-            self._start(_Job(request, list(messages), credentials, session_key, trigger))
+            job = _Job(request, list(messages), credentials, session_key, trigger, engine)
+            self._start(job)
 
     def _start(self, job: _Job) -> None:
         if not self._enabled:
@@ -304,7 +308,7 @@ class Warmer:
         return _usage(_checked(*await self._call("/v1/completions", payload, job)))
 
     async def _call(self, path: str, payload: dict[str, Any], job: _Job) -> tuple[int, bytes]:
-        return await self._upstream.call(path, payload, headers=job.credentials)
+        return await self._upstream.call(path, payload, headers=job.credentials, base=job.engine)
 
     def _mark_warmed(self, job: _Job) -> None:
         # Only while the client is still away: its next request reads the flag when it
