@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Debian packages the deploy tests run for real: podman + runc (build and run the image,
 # `podman kube play` the manifests), debootstrap (a stand-in for python:3.11-slim, which
-# cannot be pulled here) and prometheus (+ promtool: the dashboard queries, the alert
-# rules' unit tests). Installed only when missing, and only as root (CI runs as root); a
-# machine where this cannot install them gets tests that fail naming the package.
+# cannot be pulled here), prometheus (+ promtool: the dashboard queries, the alert rules'
+# unit tests) and nginx-light (a random load balancer in front of proxy replicas,
+# tests/e2e/test_scale_out.py). Installed only when missing, and only as root (CI runs as
+# root); a machine where this cannot install them gets tests that fail naming the package.
 set -uo pipefail
 
 declare -A package=([podman]=podman [runc]=runc [debootstrap]=debootstrap
-                    [prometheus]=prometheus [promtool]=prometheus)
+                    [prometheus]=prometheus [promtool]=prometheus [nginx]=nginx-light)
 missing=()
 for tool in "${!package[@]}"; do
     command -v "$tool" >/dev/null || missing+=("${package[$tool]}")
