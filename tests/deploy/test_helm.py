@@ -257,19 +257,115 @@ def test_watermarks_out_of_order_fail_the_render(compaction: dict[str, float]) -
         render({"proxy": {"compaction": compaction}})
 
 
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Kubernetes' label selector: matchLabels and matchExpressions (In, NotIn)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        present = labels.get(expression["key"]) in expression["values"]
+        if present != (expression["operator"] == "In"):
+            return False
+    return True
+
+
 def test_service_monitor_finds_the_metrics_service(custom: Any) -> None:
     docs, _ = custom
     monitor = one(docs, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
-    wanted = monitor["spec"]["selector"]["matchLabels"].items()
     services = [d for d in docs if d["kind"] == "Service"]
-    (matched,) = [s for s in services if wanted <= s["metadata"]["labels"].items()]
+    (matched,) = [
+        s for s in services if selects(monitor["spec"]["selector"], s["metadata"]["labels"])
+    ]
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {
         p["name"] for p in matched["spec"]["ports"]
     }
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     for service in services:
         assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+GATEWAY: dict[str, Any] = {"mode": "gateway", "gateway": {"proxyReplicas": 3, "engines": 4}}
+
+
+def deployments(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+        for d in docs
+        if d["kind"] == "Deployment"
+    }
+
+
+def pods_selected(docs: list[dict[str, Any]], selector: dict[str, Any]) -> set[str]:
+    return {
+        component
+        for component, d in deployments(docs).items()
+        if selects(selector, d["spec"]["template"]["metadata"]["labels"])
+    }
+
+
+def test_gateway_mode_renders_proxies_engines_and_a_store() -> None:
+    docs, _ = render(GATEWAY)
+    for doc in docs:
+        if doc["kind"] not in NOT_IN_SCHEMAS:
+            kubernetes_validate.validate(doc, SCHEMA_VERSION, strict=True)
+    pods = deployments(docs)
+    assert set(pods) == {"proxy", "engine", "session-store"}
+    assert pods["proxy"]["spec"]["replicas"] == 3 and pods["engine"]["spec"]["replicas"] == 4
+    containers = {
+        name: [c["name"] for c in d["spec"]["template"]["spec"]["containers"]]
+        for name, d in pods.items()
+    }
+    assert containers == {
+        "proxy": ["prefill-proxy"],
+        "engine": ["vllm"],
+        "session-store": ["valkey"],
+    }
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    client = services["demo-prefill-proxy"]
+    assert pods_selected(docs, {"matchLabels": client["spec"]["selector"]}) == {"proxy"}
+    engines = services["demo-prefill-proxy-engines"]
+    assert engines["spec"]["clusterIP"] == "None"
+    assert pods_selected(docs, {"matchLabels": engines["spec"]["selector"]}) == {"engine"}
+    (budget,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert pods_selected(docs, budget["spec"]["selector"]) == {"proxy"}
+    loaded = config.load(environ=env(docs))
+    assert loaded.upstream == "http://demo-prefill-proxy-engines.llm.svc.cluster.local:8000"
+    assert loaded.upstream_dns_refresh == 10 and loaded.session_store == "redis"
+    valkey = services["demo-prefill-proxy-valkey"]
+    assert loaded.redis_url == f"redis://{valkey['metadata']['name']}:6379/0"
+    assert pods_selected(docs, {"matchLabels": valkey["spec"]["selector"]}) == {"session-store"}
+
+
+def test_gateway_mode_with_an_existing_store_and_its_secret() -> None:
+    external = {**GATEWAY, "gateway": {"sessionStore": {"url": "rediss://redis.infra:6380/2"}}}
+    docs, _ = render(external)
+    assert "session-store" not in deployments(docs)
+    assert config.load(environ=env(docs)).redis_url == "rediss://redis.infra:6380/2"
+    secret = {**GATEWAY, "gateway": {"sessionStore": {"urlSecret": {"name": "llm-redis"}}}}
+    docs, _ = render(secret)
+    assert "session-store" not in deployments(docs)
+    (proxy,) = deployments(docs)["proxy"]["spec"]["template"]["spec"]["containers"]
+    (variable,) = proxy["env"]
+    assert variable["name"] == "PREFILL_PROXY_REDIS_URL"
+    assert variable["valueFrom"]["secretKeyRef"] == {"name": "llm-redis", "key": "url"}
+
+
+def test_gateway_service_monitor_scrapes_proxies_and_engines() -> None:
+    docs, _ = render({**GATEWAY, "serviceMonitor": {"enabled": True}})
+    monitor = one(docs, "ServiceMonitor")
+    services = [d for d in docs if d["kind"] == "Service"]
+    matched = [s for s in services if selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
+    ports = {p["name"] for s in matched for p in s["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == ports == {"proxy", "vllm"}
+    scraped = set().union(
+        *(pods_selected(docs, {"matchLabels": s["spec"]["selector"]}) for s in matched)
+    )
+    assert scraped == {"proxy", "engine"}
+
+
+def test_an_unknown_mode_is_refused() -> None:
+    with pytest.raises(Exception, match="mode must be sidecar or gateway"):
+        render({"mode": "mesh"})
 
 
 def leaves(node: Any, path: str) -> list[str]:

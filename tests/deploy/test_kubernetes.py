@@ -113,3 +113,67 @@ def test_configmap_loads_as_settings() -> None:
     for name in ("compaction_high", "compaction_soft", "compaction_window", "summary_wait"):
         assert config.env_name(name) in configmap["data"], name
         assert getattr(settings, name) == getattr(defaults, name), name
+
+
+# -- gateway mode: deploy/kubernetes/gateway ---------------------------------------------
+
+GATEWAY = MANIFESTS / "gateway"
+
+
+def gateway_documents() -> list[dict[str, Any]]:
+    return [
+        doc
+        for path in sorted(GATEWAY.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+
+
+def gateway(kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in gateway_documents() if doc["kind"] == kind]
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [d for d in gateway_documents() if d["kind"] not in NOT_IN_SCHEMAS],
+    ids=lambda d: f"{d['kind']}/{d['metadata']['name']}",
+)
+def test_gateway_manifests_are_valid(doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, SCHEMA_VERSION, strict=True)
+
+
+def test_gateway_kustomization_lists_every_manifest() -> None:
+    (kustomization,) = gateway("Kustomization")
+    files = {p.name for p in GATEWAY.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == files
+
+
+def test_gateway_services_select_what_they_name() -> None:
+    pods = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]
+        for d in gateway("Deployment")
+    }
+    assert set(pods) == {"proxy", "engine", "session-store"}
+
+    def selected(selector: dict[str, str]) -> set[str]:
+        return {
+            name
+            for name, pod in pods.items()
+            if selector.items() <= pod["metadata"]["labels"].items()
+        }
+
+    services = {s["metadata"]["name"]: s for s in gateway("Service")}
+    assert selected(services["vllm"]["spec"]["selector"]) == {"proxy"}  # clients: proxies
+    assert selected(services["vllm-engines"]["spec"]["selector"]) == {"engine"}
+    assert services["vllm-engines"]["spec"]["clusterIP"] == "None"  # one address per pod
+    assert selected(services["prefill-proxy-valkey"]["spec"]["selector"]) == {"session-store"}
+    (budget,) = gateway("PodDisruptionBudget")
+    assert selected(budget["spec"]["selector"]["matchLabels"]) == {"proxy"}
+    (configmap,) = gateway("ConfigMap")
+    settings = config.load(environ=configmap["data"])
+    assert set(configmap["data"]) <= SETTINGS_ENV
+    assert settings.session_store == "redis" and settings.upstream_dns_refresh > 0
+    assert settings.upstream == "http://vllm-engines:8000"
+    assert settings.redis_url.startswith("redis://prefill-proxy-valkey:6379/")
+    (proxy,) = pods["proxy"]["spec"]["containers"]
+    assert proxy["envFrom"][0]["configMapRef"]["name"] == configmap["metadata"]["name"]
