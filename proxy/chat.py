@@ -27,6 +27,7 @@ from proxy.relay import ChatStreamWatcher
 from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.stream_usage import request_usage
 from proxy.tracker import SessionTracker, Turn
+from proxy.upstream import UpstreamResponse
 
 CHAT_ROUTE = "/v1/chat/completions"
 REWRITE_HEADER = "x-prefill-proxy-rewrite"
@@ -106,6 +107,7 @@ class ChatCall(Call):
         if self.chat.fanout is not None:
             await self.chat.fanout.admit(forwarded, exchange)
         response = await self.send(content, parsed_body=True)
+        self.remember_router_token(response)
         if exchange.stream and hdrs.is_event_stream(response.headers):
             exchange.observe_gap = self.services.recorder.gap_observer(exchange)
             watcher = self.watcher()
@@ -129,10 +131,25 @@ class ChatCall(Call):
         return turn
 
     def routing_headers(self) -> list[tuple[bytes, bytes]]:
-        name = self.settings.upstream_session_header
-        if not name or self.turn is None:
+        """The session for a router in front of the engines: its key, and the affinity
+        token the router gave it last time."""
+        if self.turn is None:
             return []
-        return [(name.lower().encode("latin-1"), hdrs.header_value(self.turn.session.key))]
+        session, extra = self.turn.session, []
+        if name := self.settings.upstream_session_header:
+            extra.append((name.lower().encode("latin-1"), hdrs.header_value(session.key)))
+        if (name := self.settings.upstream_affinity_header) and session.router_token:
+            extra.append((name.lower().encode("latin-1"), session.router_token.encode("latin-1")))
+        return extra
+
+    def remember_router_token(self, response: UpstreamResponse) -> None:
+        """The router's affinity token, kept with the session (saved with the reply)."""
+        name = self.settings.upstream_affinity_header.lower().encode("latin-1")
+        if not name or self.turn is None:
+            return
+        for header, value in response.headers:
+            if header.lower() == name:
+                self.turn.session.router_token = value.decode("latin-1")
 
     def choose_engine(self) -> Engine:
         """The session's engine (placed, kept or moved: saved with its record)."""

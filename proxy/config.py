@@ -53,6 +53,12 @@ class Settings:
         "router in front of the engines (README: which header each router reads); empty: "
         "not sent.",
     )
+    upstream_affinity_header: str = _setting(
+        "",
+        "A router's affinity token: the value the upstream returns in this response header "
+        "is kept with the session and sent back in it on the session's next requests "
+        "(llm-d's session-affinity scorer: x-session-token); empty: none.",
+    )
     host: str = _setting("127.0.0.1", "Address the proxy listens on.")
     port: int = _setting(8080, "Port the proxy listens on.")
     log_level: str = _setting("info", "Log level: debug, info, warning, error.")

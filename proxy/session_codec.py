@@ -37,6 +37,7 @@ def encode(session: Session) -> bytes:
             "compaction": _compaction(session.compaction),
             "summary_failed_at": session.summary_failed_at,
             "engine": session.engine,
+            "router_token": session.router_token,
             "version": session.version,
         }
     )
@@ -66,6 +67,7 @@ def decode(data: bytes) -> Session:
             compaction=_from_compaction(raw["compaction"]),
             summary_failed_at=raw["summary_failed_at"],
             engine=raw["engine"],
+            router_token=raw["router_token"],
             version=raw["version"],
         )
     except CodecError:

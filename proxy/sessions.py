@@ -71,8 +71,10 @@ class Session:
     # What compaction keeps for this session, and when its last summary failed.
     compaction: Compaction | None = None
     summary_failed_at: float | None = None
-    # The engine this session's KV blocks live on ("": the only upstream).
+    # The engine this session's KV blocks live on ("": the only upstream), and the token a
+    # router in front of the engines gave it (upstream_affinity_header).
     engine: str = ""
+    router_token: str = ""
     # The stored version this record was loaded from (0: new): saves compare and set it.
     version: int = 0
     touched: float = 0.0
