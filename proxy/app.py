@@ -111,6 +111,7 @@ def create_app(
         settings.upstreams,
         metrics,
         max_waiting=settings.engine_max_waiting,
+        spread_load=settings.engine_spread_load,
         probe_interval=settings.engine_probe_interval,
         health_path=settings.ready_path,
         dns_refresh=settings.upstream_dns_refresh,

@@ -26,6 +26,7 @@ from proxy.fanout import FanoutGate
 from proxy.relay import ChatStreamWatcher
 from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.stream_usage import request_usage
+from proxy.sessions import fingerprint
 from proxy.tracker import SessionTracker, Turn
 from proxy.upstream import UpstreamResponse
 
@@ -44,6 +45,10 @@ class ChatServices(Services):
     compactor: Compactor | None = None
     fanout: FanoutGate | None = None
     failures: FailOpenLog = dataclasses.field(default_factory=lambda: FailOpenLog(log))
+
+
+def _unmasked(text: str) -> str:
+    return text
 
 
 def parse_chat_request(body: bytes) -> dict[str, Any]:
@@ -87,6 +92,7 @@ class ChatCall(Call):
         super().__init__(services, down)
         self.chat = services
         self.turn: Turn | None = None
+        self.payload: dict[str, Any] = {}
         self.strip_usage = False  # the proxy asked for stream usage the client did not
         # The client's switch for this request: X-Prefill-Proxy-Rewrite: off.
         switch = down.headers.get(REWRITE_HEADER, "").strip().lower()
@@ -95,7 +101,7 @@ class ChatCall(Call):
     async def handle(self) -> None:
         exchange = self.exchange
         body = await self.down.read_body(self.settings.max_body_bytes)
-        payload = parse_chat_request(body)
+        payload = self.payload = parse_chat_request(body)
         exchange.model = str(payload.get("model") or "")
         exchange.stream = streams(payload.get("stream"))
         self.turn = await self.open_session(payload)
@@ -152,13 +158,19 @@ class ChatCall(Call):
                 self.turn.session.router_token = value.decode("latin-1")
 
     def choose_engine(self) -> Engine:
-        """The session's engine (placed, kept or moved: saved with its record)."""
+        """The session's engine (placed, kept or moved: saved with its record). Without a
+        record (sessions off, the store down) the request still goes where its prefix
+        family is placed, which is where its session most likely lives."""
         engines = self.services.engines
         assert engines is not None
-        if self.turn is None:
-            return engines.for_request()
-        session = self.turn.session
-        placement = engines.for_session(session.key, session.engine)
+        turn = self.turn
+        if turn is None:
+            mask = self.chat.sessions.detector.mask if self.chat.sessions else None
+            family = fingerprint(self.payload, mask or _unmasked, with_user=False)
+            return engines.for_session(family, "", recorded=False).engine
+        session = turn.session
+        by_prefix = self.settings.engine_placement == "prefix" and turn.family
+        placement = engines.for_session(turn.family if by_prefix else session.key, session.engine)
         session.engine = placement.engine.url
         return placement.engine
 

@@ -42,6 +42,18 @@ class Settings:
     engine_probe_interval: float = _setting(
         2.0, "Seconds between health probes of each engine (only with more than one)."
     )
+    engine_placement: str = _setting(
+        "prefix",
+        "How a new session is placed among several engines: prefix (by its system prompt "
+        "and tools, so conversations sharing them share KV blocks) or session (by its own "
+        "key); either way by rendezvous hashing, with bounded loads (engine_spread_load).",
+    )
+    engine_spread_load: float = _setting(
+        8.0,
+        "Requests an engine may carry (running + waiting, from its /metrics, and this "
+        "proxy's) before new sessions skip it for the next engine of their ranking, once it "
+        "is also above 1.25x the engines' mean; 0: no bound.",
+    )
     engine_max_waiting: float = _setting(
         0.0,
         "Skip an engine for new and moving sessions while its vllm:num_requests_waiting is "
@@ -278,6 +290,12 @@ class Settings:
             raise SettingsError("upstream_dns_refresh and engine_max_waiting must be >= 0")
         if self.upstream_dns_refresh and len(self.upstreams) > 1:
             raise SettingsError("upstream_dns_refresh takes one upstream URL (its host name)")
+        if self.engine_placement not in ("prefix", "session"):
+            raise SettingsError(
+                f"engine_placement must be prefix or session, got {self.engine_placement!r}"
+            )
+        if self.engine_spread_load < 0:
+            raise SettingsError("engine_spread_load must be >= 0")
         if self.engine_probe_interval <= 0:
             raise SettingsError("engine_probe_interval must be positive")
         for name in (

@@ -2,14 +2,19 @@
 one DNS name re-resolved: a Kubernetes headless Service).
 
 A conversation's KV blocks live on one engine, so a chat request goes to its session's
-engine. A new session is placed by rendezvous (highest-random-weight) hashing of its key
-over the engines: every replica computes the same ranking without talking to the others,
-and adding or removing an engine moves only the sessions that ranked it first. The
-engine is then part of the session's record: a session whose engine fails its probe, is
-refused by it, or reports more than ``engine_max_waiting`` waiting requests moves to the
-next usable engine of its ranking and stays there; an engine coming back gets new
-sessions, the old ones stay where they went. Requests without a session (models,
-embeddings, tokenize) go to the least-loaded usable engine.
+engine. A new session is placed by rendezvous (highest-random-weight) hashing over the
+engines: every replica computes the same ranking without talking to the others, and
+adding or removing an engine moves only the sessions that ranked it first. The key
+hashed is the session's prefix family (its system prompt and tools: conversations that
+share them share KV blocks, computed once on an engine they share) or, with
+``engine_placement=session``, its own key. Loads are bounded: a new session skips an
+engine carrying more than ``engine_spread_load`` requests and more than 1.25x the
+engines' mean (consistent hashing with bounded loads), so one family spreads once it
+would crowd an engine. The engine is then part of the session's record: a session whose
+engine fails its probe, is refused by it, or reports more than ``engine_max_waiting``
+waiting requests moves to the next usable engine of its ranking and stays there; an
+engine coming back gets new sessions, the old ones stay where they went. Requests
+without a session (models, embeddings, tokenize) go to the least-loaded usable engine.
 
 Decisions are pure (``place``, ``least_loaded``); ``Engines.run`` does the probing.
 """
@@ -29,8 +34,11 @@ from proxy.metrics import Metrics
 
 log = logging.getLogger("prefill_proxy.engines")
 
-# vLLM's gauge of requests waiting for a slot (its /metrics), with or without labels.
+# vLLM's gauges of requests waiting for a slot and running (its /metrics).
 _WAITING = re.compile(rb"^vllm:num_requests_waiting(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
+_RUNNING = re.compile(rb"^vllm:num_requests_running(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
+# A new session skips an engine above this multiple of the mean load (and the floor).
+LOAD_BOUND = 1.25
 
 
 @dataclasses.dataclass
@@ -38,7 +46,14 @@ class Engine:
     url: str
     healthy: bool = True
     waiting: float = 0.0  # the engine's own queue, from its /metrics
+    running: float = 0.0  # and its running batch
     in_flight: int = 0  # this proxy's requests on it now
+
+    @property
+    def load(self) -> float:
+        """What it carries, as last probed, plus this proxy's requests on it (counted
+        twice until the next probe: better a little early to spread than a herd)."""
+        return self.running + self.waiting + self.in_flight
 
     def unusable(self, max_waiting: float) -> str:
         """Why it should take no session now ('' when it may)."""
@@ -66,14 +81,28 @@ class Placement:
     reason: str = ""  # why it moved: unhealthy, overloaded, removed
 
 
-def place(key: str, current: str, engines: Sequence[Engine], max_waiting: float) -> Placement:
-    """Where session ``key``, now on engine ``current`` ('' for none yet), goes."""
+def place(
+    key: str,
+    current: str,
+    engines: Sequence[Engine],
+    max_waiting: float,
+    spread_load: float = 0.0,
+) -> Placement:
+    """Where a session ranked by ``key`` and now on engine ``current`` ('' for none yet)
+    goes. A new or moving session takes the first engine of its ranking that is usable
+    and within the load bound (``spread_load`` and LOAD_BOUND x the mean; 0: no bound),
+    else the least loaded usable one."""
     by_url = {engine.url: engine for engine in engines}
     stays = by_url.get(current)
     if stays is not None and not stays.unusable(max_waiting):
         return Placement(stays, "affinity")
     ranked = ranking(key, engines)
-    chosen = next((e for e in ranked if not e.unusable(max_waiting)), None)
+    usable = [e for e in ranked if not e.unusable(max_waiting)]
+    chosen = None
+    if usable:
+        bound = max(spread_load, LOAD_BOUND * sum(e.load for e in usable) / len(usable))
+        within = [e for e in usable if not spread_load or e.load < bound]
+        chosen = within[0] if within else min(usable, key=lambda e: e.load)
     if chosen is None:  # none usable: stay, or the top of the ranking (the request will say)
         return Placement(stays or ranked[0], "affinity" if stays else "new")
     if not current:
@@ -85,7 +114,7 @@ def place(key: str, current: str, engines: Sequence[Engine], max_waiting: float)
 
 def least_loaded(engines: Sequence[Engine], max_waiting: float) -> Engine:
     usable = [e for e in engines if not e.unusable(max_waiting)] or list(engines)
-    return min(usable, key=lambda engine: (engine.in_flight + engine.waiting, engine.url))
+    return min(usable, key=lambda engine: (engine.load, engine.url))
 
 
 Resolve = Callable[[str, int], Awaitable[list[str]]]
@@ -105,6 +134,7 @@ class Engines:
         metrics: Metrics,
         *,
         max_waiting: float = 0.0,
+        spread_load: float = 0.0,
         probe_interval: float = 2.0,
         health_path: str = "/health",
         dns_refresh: float = 0.0,
@@ -113,6 +143,7 @@ class Engines:
         self.engines = [Engine(url) for url in urls]
         self._metrics = metrics
         self._max_waiting = max_waiting
+        self._spread_load = spread_load
         self._interval = probe_interval
         self._health_path = health_path
         self._dns_refresh = dns_refresh
@@ -125,10 +156,13 @@ class Engines:
         """Whether there is a choice to make (one static engine is never probed)."""
         return len(self.engines) > 1 or bool(self._dns_url)
 
-    def for_session(self, key: str, current: str) -> Placement:
-        placement = place(key, current, self.engines, self._max_waiting)
+    def for_session(self, key: str, current: str, *, recorded: bool = True) -> Placement:
+        """Where a session ranked by ``key``, now on ``current``, goes; ``recorded=False``
+        for a chat request without its session record (counted as no_session)."""
+        placement = place(key, current, self.engines, self._max_waiting, self._spread_load)
         if self.probed:
-            self._metrics.routing.labels(placement.decision, placement.reason).inc()
+            decision = (placement.decision, placement.reason) if recorded else ("no_session", "")
+            self._metrics.routing.labels(*decision).inc()
         return placement
 
     def for_request(self) -> Engine:
@@ -164,10 +198,11 @@ class Engines:
         try:
             status, _ = await get(engine.url, self._health_path)
             healthy = status < 400
-            if healthy and self._max_waiting:
+            if healthy:  # its load, for placing new sessions
                 status, body = await get(engine.url, "/metrics")
-                found = _WAITING.findall(body) if status == 200 else []
-                engine.waiting = sum(float(value) for value in found)
+                if status == 200:
+                    engine.waiting = sum(float(v) for v in _WAITING.findall(body))
+                    engine.running = sum(float(v) for v in _RUNNING.findall(body))
         except Exception:  # any failure to answer is unhealthy
             healthy = False
         if healthy != engine.healthy:

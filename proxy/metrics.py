@@ -258,6 +258,13 @@ class Metrics:
             ("kind",),
             registry=registry,
         )
+        self.store_fallbacks = Counter(
+            "prefill_proxy_session_store_fallbacks",
+            "Records served from this replica's near copy because the store was down or "
+            "answered it had none (restarted empty, evicted), by reason: down, lost.",
+            ("reason",),
+            registry=registry,
+        )
         self.sessions_loaded = Counter(
             "prefill_proxy_sessions_loaded",
             "Requests that found their session's record in the store (found) or started one (new).",

@@ -12,13 +12,23 @@ Every call is bounded by ``session_store_timeout``; a failed call makes the stor
 calls for a second (requests go on without their session instead of each waiting out
 the timeout), then it tries again: the client reconnects by itself. One server (or a
 primary with replicas) is expected; the script's two keys would cross slots on Cluster.
+
+Each replica also keeps the records it last saved, bounded like the in-memory store (a
+near copy). The shared record wins whenever the store answers with one; the near copy
+serves while the store is down, and when the store has none because it restarted empty
+since that save (an epoch key, set by the first save after a start, tells): then as a
+new record (version 0: it is created, or loses to one another replica created
+meanwhile). A record that expired, was evicted or deleted stays gone. So a store outage
+or restart costs this replica's sessions only what they did elsewhere meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -39,18 +49,22 @@ T = TypeVar("T")
 
 PREFIX = "prefill-proxy:"
 INDEX = PREFIX + "index"
+EPOCH = PREFIX + "epoch"  # set by the first save after the store starts empty
 # After a failure, calls are skipped for this long (each would wait out the timeout).
 BACKOFF_S = 1.0
 # Session keys longer than this (a client's own X-Session-Id) are hashed into the Redis key.
 LONGEST_KEY = 200
 
-# KEYS: record, index. ARGV: version loaded, value to store, TTL ms, most records.
-# Returns -1 when the stored version differs, else how many records the index holds.
+# KEYS: record, index, epoch. ARGV: version loaded, value to store, TTL ms, most records,
+# an epoch to set if there is none. Returns {-1, epoch} when the stored version differs,
+# else {records the index holds, epoch}.
 _SAVE = """
+redis.call('SET', KEYS[3], ARGV[5], 'NX')
+local epoch = redis.call('GET', KEYS[3])
 local stored = redis.call('GET', KEYS[1])
 local version = 0
 if stored then version = tonumber(string.match(stored, '^(%d+):')) or -1 end
-if version ~= tonumber(ARGV[1]) then return -1 end
+if version ~= tonumber(ARGV[1]) then return {-1, epoch} end
 local ttl = tonumber(ARGV[3])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
 local clock = redis.call('TIME')
@@ -63,7 +77,7 @@ if over > 0 then
   redis.call('DEL', unpack(oldest))
   redis.call('ZREMRANGEBYRANK', KEYS[2], 0, over - 1)
 end
-return redis.call('ZCARD', KEYS[2])
+return {redis.call('ZCARD', KEYS[2]), epoch}
 """
 
 
@@ -99,11 +113,25 @@ class RedisStore:
         self._clock = clock
         self._skip_until = 0.0
         self._held: int | None = None
+        self._ttl_s = ttl_s
+        # key -> (when saved, the store's epoch then, the record as saved): near copies.
+        self._near: collections.OrderedDict[str, tuple[float, bytes, Session]] = (
+            collections.OrderedDict()
+        )
+        self._new_epoch = secrets.token_hex(8).encode()
 
     async def get(self, key: str) -> Session | None:
-        stored = await self._call("get", lambda: self._redis.get(_redis_key(key)))
+        try:
+            stored, epoch = await self._call(
+                "get", lambda: self._redis.mget(_redis_key(key), EPOCH)
+            )
+        except StoreUnavailable:
+            near = self._near_copy(key, "down")
+            if near is None:
+                raise
+            return near
         if stored is None:
-            return None
+            return self._near_copy(key, "lost", unless_epoch=_bytes(epoch))
         raw = stored if isinstance(stored, bytes) else stored.encode()
         version, _, data = raw.partition(b":")
         try:
@@ -119,16 +147,25 @@ class RedisStore:
         if data is None:
             return True  # nothing to keep that fits; the session goes on unsaved
         value = b"%d:%s" % (session.version + 1, data)
-        keys = [_redis_key(session.key), INDEX]
-        args: list[bytes | int] = [session.version, value, self._ttl_ms, self._max_sessions]
-        held = await self._call("save", lambda: self._save_script(keys=keys, args=args))
+        keys = [_redis_key(session.key), INDEX, EPOCH]
+        args: list[bytes | int] = [
+            session.version, value, self._ttl_ms, self._max_sessions, self._new_epoch
+        ]  # fmt: skip
+        try:
+            held, epoch = await self._call("save", lambda: self._save_script(keys=keys, args=args))
+        except StoreUnavailable:
+            # What this replica knows, for while the store is away (no epoch: any).
+            self._keep_near(session, b"")
+            raise
         if int(held) < 0:
             return False
         self._held = int(held)
         session.version += 1
+        self._keep_near(session, epoch)
         return True
 
     async def delete(self, key: str) -> None:
+        self._near.pop(key, None)
         redis_key = _redis_key(key)
         await self._call("delete", lambda: self._redis.delete(redis_key))
 
@@ -143,6 +180,29 @@ class RedisStore:
 
     async def aclose(self) -> None:
         await self._redis.aclose()
+
+    def _keep_near(self, session: Session, epoch: bytes) -> None:
+        self._near[session.key] = (self._clock(), epoch, session.copy())
+        self._near.move_to_end(session.key)
+        while len(self._near) > self._max_sessions:
+            self._near.popitem(last=False)
+
+    def _near_copy(
+        self, key: str, reason: str, unless_epoch: bytes | None = None
+    ) -> Session | None:
+        """This replica's copy of a record the store cannot give (``reason``: down, lost),
+        as a record new to the store; not when it was saved in the store's current epoch
+        (the store did not lose it: it expired or went)."""
+        kept = self._near.get(key)
+        if kept is None or self._clock() - kept[0] > self._ttl_s:
+            return None
+        _saved_at, epoch, record = kept
+        if unless_epoch is not None and epoch == unless_epoch:
+            return None
+        self._metrics.store_fallbacks.labels(reason).inc()
+        session = record.copy()
+        session.version = 0
+        return session
 
     def _encode(self, session: Session) -> bytes | None:
         """The record's bytes within max_bytes: its oldest restored messages go first."""
@@ -182,6 +242,10 @@ class RedisStore:
         self._metrics.store_errors.labels(kind).inc()
         self._skip_until = self._clock() + BACKOFF_S
         return StoreUnavailable(f"session store {kind}: {type(exc).__name__}: {exc}")
+
+
+def _bytes(value: bytes | str | None) -> bytes | None:
+    return value.encode() if isinstance(value, str) else value
 
 
 def _redis_key(key: str) -> str:

@@ -112,7 +112,10 @@ def identify(headers: Mapping[str, str], request: Mapping[str, Any], mask: Mask)
     return "f:" + fingerprint(request, mask), "fingerprint"
 
 
-def fingerprint(request: Mapping[str, Any], mask: Mask) -> str:
+def fingerprint(request: Mapping[str, Any], mask: Mask, *, with_user: bool = True) -> str:
+    """The conversation's stable head as a key. ``with_user=False``: only the system prompt
+    and tools, the prefix a family of conversations shares (proxy.engines places a family
+    together, so its shared prefix is computed once)."""
     messages = request.get("messages")
     messages = messages if isinstance(messages, list) else []
     head: list[Any] = []
@@ -123,7 +126,8 @@ def fingerprint(request: Mapping[str, Any], mask: Mask) -> str:
         if role in ("system", "developer"):
             head.append([role, mask(content) if isinstance(content, str) else content])
         elif role == "user":
-            head.append(["user", content])
+            if with_user:
+                head.append(["user", content])
             break
     tools = request.get("tools")
     if isinstance(tools, list):

@@ -45,6 +45,13 @@ def store_on(server: Valkey, metrics: Metrics, **options: Any) -> RedisStore:
     return RedisStore(server.url, metrics, **settings)
 
 
+def fallbacks(metrics: Metrics, reason: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "prefill_proxy_session_store_fallbacks_total", {"reason": reason}
+    )
+    return value or 0.0
+
+
 def errors(metrics: Metrics, kind: str) -> float:
     value = metrics.registry.get_sample_value(
         "prefill_proxy_session_store_errors_total", {"kind": kind}
@@ -189,21 +196,53 @@ async def test_a_store_down_fails_fast_and_comes_back_by_itself(metrics: Metrics
     clock = Clock(0.0)
     store = store_on(server, metrics, timeout=0.3, clock=clock)
     try:
-        assert await store.save(Session("survivor"))
+        survivor = Session("survivor")
+        survivor.substitute(b"k", {"role": "assistant", "content": "as emitted"})
+        assert await store.save(survivor)
         server.kill()
-        with pytest.raises(StoreUnavailable):
-            await store.get("survivor")
+        with pytest.raises(StoreUnavailable):  # a record this replica never saw
+            await store.get("stranger")
         assert errors(metrics, "connection") + errors(metrics, "timeout") == 1
         with pytest.raises(StoreUnavailable):  # skipped: no wait on a store known down
-            await store.get("survivor")
+            await store.get("stranger")
         assert errors(metrics, "skipped") == 1
+        near = await store.get("survivor")  # the replica's own copy serves meanwhile
+        assert near is not None and list(near.substitutions) == [b"k"]
+        assert fallbacks(metrics, "down") == 1
         server.start()  # restarted empty, same port
         clock.now += 1.5
-        assert await store.get("survivor") is None  # the client reconnected; the data is gone
-        assert await store.save(Session("survivor"))
-        assert await store.get("survivor") is not None
+        lost = await store.get("survivor")  # the store has none: the near copy, as new
+        assert lost is not None and lost.version == 0 and list(lost.substitutions) == [b"k"]
+        assert fallbacks(metrics, "lost") == 1
+        assert await store.save(lost) and lost.version == 1  # created again
+        again = await store_on(server, metrics).get("survivor")  # another replica sees it
+        assert again is not None and list(again.substitutions) == [b"k"]
     finally:
         await store.aclose()
+        server.stop()
+
+
+async def test_a_near_copy_loses_to_a_record_another_replica_created(metrics: Metrics) -> None:
+    server = Valkey()
+    server.start()
+    clock = Clock(0.0)
+    mine, theirs = store_on(server, metrics, clock=clock), store_on(server, metrics)
+    try:
+        assert await mine.save(Session("shared"))
+        server.restart()  # empty
+        await mine.ping()  # the pooled connection was to the old server: it fails once
+        clock.now += 1.5
+        stale = await mine.get("shared")
+        assert stale is not None and stale.version == 0
+        fresh = Session("shared")
+        fresh.substitute(b"theirs", {"role": "assistant", "content": "newer"})
+        assert await theirs.save(fresh)
+        assert not await mine.save(stale)  # compare and set: theirs came first
+        current = await mine.get("shared")
+        assert current is not None and list(current.substitutions) == [b"theirs"]
+    finally:
+        await mine.aclose()
+        await theirs.aclose()
         server.stop()
 
 
