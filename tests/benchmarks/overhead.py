@@ -53,6 +53,9 @@ class Target:
     url: str
     pid: int | None  # the process to charge CPU time to, when it runs here
     batches: list[Batch] = dataclasses.field(default_factory=list)
+    # Each closed-loop worker its own conversation (X-Session-Id), instead of every
+    # request one and the same session.
+    session_per_worker: bool = False
 
 
 def request_body(stream: bool) -> bytes:
@@ -71,10 +74,15 @@ def _carries_content(buffer: bytes) -> bool:
 
 
 async def _one(
-    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool, batch: Batch
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    stream: bool,
+    batch: Batch,
+    headers: dict[str, str],
 ) -> None:
     started = time.perf_counter()
-    async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
+    async with session.post(url, data=body, headers=headers) as r:
         if r.status != 200:
             raise RuntimeError(f"{url} answered {r.status}: {(await r.read())[:200]!r}")
         if own := r.headers.get(OVERHEAD_HEADER):
@@ -106,14 +114,17 @@ async def run_batch(
     url, body, batch = target.url + CHAT, request_body(stream), Batch()
     remaining = count
 
-    async def worker() -> None:
+    async def worker(index: int) -> None:
         nonlocal remaining
+        headers = {"content-type": "application/json"}
+        if target.session_per_worker:
+            headers["x-session-id"] = f"bench-{index}"
         while remaining > 0:
             remaining -= 1
-            await _one(session, url, body, stream, batch)
+            await _one(session, url, body, stream, batch, headers)
 
     cpu_before, started = _cpu_seconds(target.pid), time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(index) for index in range(concurrency)))
     batch.elapsed = time.perf_counter() - started
     if cpu_before is not None and (cpu_after := _cpu_seconds(target.pid)) is not None:
         batch.cpu_s = cpu_after - cpu_before

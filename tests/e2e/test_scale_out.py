@@ -21,7 +21,11 @@ from tests.support.fleet import Engine, counter, fleet, scrape
 from tests.support.valkey import Valkey
 
 SESSIONS = 6
-SYSTEM = {"role": "system", "content": "You are the airline's booking agent. Be brief."}
+
+
+def system(index: int) -> dict[str, str]:
+    """A system prompt of each conversation's own (a prefix family each, placed apart)."""
+    return {"role": "system", "content": f"You are airline {index}'s booking agent. Be brief."}
 
 
 class Conversations:
@@ -30,7 +34,7 @@ class Conversations:
     def __init__(self, front: str) -> None:
         self.front = front
         self.histories: dict[str, list[dict[str, Any]]] = {
-            f"conv-{index}": [SYSTEM] for index in range(SESSIONS)
+            f"conv-{index}": [system(index)] for index in range(SESSIONS)
         }
         self.statuses: collections.Counter[int] = collections.Counter()
 

@@ -133,3 +133,33 @@ def test_a_headless_service_name_becomes_one_engine_per_address(addresses: list[
     asyncio.run(once())
     hosts = [f"[{a}]" if ":" in a else a for a in sorted(addresses)]
     assert [e.url for e in engines.engines] == [f"http://{h}:8000" for h in hosts]
+
+
+def test_a_family_stays_together_until_its_engine_is_crowded() -> None:
+    """Conversations sharing a system prompt and tools rank engines alike (one key): they
+    join the first while it carries under the floor, then spill along their ranking, and
+    under load every engine ends within the bound of the mean."""
+    engines = fleet()
+    family = "f:shared-system-prompt-and-tools"
+    ranked = ranking(family, engines)
+    placed = []
+    for _ in range(8):  # light load: all on the family's first engine
+        engine = place(family, "", engines, 0, spread_load=8).engine
+        engine.in_flight += 1
+        placed.append(engine)
+    assert all(engine is ranked[0] for engine in placed)
+    spilled = place(family, "", engines, 0, spread_load=8).engine
+    assert spilled is ranked[1]  # the first is at the floor and above 1.25x the mean
+    for _ in range(200):  # heavy load: bounded
+        place(family, "", engines, 0, spread_load=8).engine.in_flight += 1
+    loads = [e.load for e in engines]
+    assert max(loads) <= 1.25 * (sum(loads) / len(loads)) + 1
+
+
+def test_the_bound_counts_what_the_engines_report() -> None:
+    engines = fleet()
+    family = "f:another-family"
+    first = ranking(family, engines)[0]
+    first.running, first.waiting = 30.0, 0.0  # busy with other proxies' requests
+    assert place(family, "", engines, 0, spread_load=8).engine is not first
+    assert place(family, "", engines, 0, spread_load=0).engine is first  # 0: no bound
