@@ -164,15 +164,23 @@ class ChatCall(Call):
         engines = self.services.engines
         assert engines is not None
         turn = self.turn
-        if turn is None:
-            mask = self.chat.sessions.detector.mask if self.chat.sessions else None
-            family = fingerprint(self.payload, mask or _unmasked, with_user=False)
-            return engines.for_session(family, "", recorded=False).engine
-        session = turn.session
-        by_prefix = self.settings.engine_placement == "prefix" and turn.family
-        placement = engines.for_session(turn.family if by_prefix else session.key, session.engine)
-        session.engine = placement.engine.url
-        return placement.engine
+        if not engines.probed:  # one engine: nothing to choose
+            engine = engines.engines[0]
+        elif turn is None:
+            engine = engines.for_session(self.prefix_family(), "", recorded=False).engine
+        else:
+            by_prefix = self.settings.engine_placement == "prefix"
+            ranked_by = self.prefix_family() if by_prefix else turn.session.key
+            engine = engines.for_session(ranked_by, turn.session.engine).engine
+        if turn is not None:
+            turn.session.engine = engine.url
+        return engine
+
+    def prefix_family(self) -> str:
+        """The request's system prompt and tools as a key: conversations that share them
+        share KV blocks (volatile values masked, as for the session key)."""
+        mask = self.chat.sessions.detector.mask if self.chat.sessions else _unmasked
+        return fingerprint(self.payload, mask, with_user=False)
 
     def rewrite(self, payload: dict[str, Any]) -> dict[str, Any]:
         if not self.rewriting:

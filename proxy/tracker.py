@@ -20,7 +20,7 @@ from proxy.jsonio import InvalidJSON
 from proxy.metrics import Metrics
 from proxy.rewrite.template_kwargs import pinnable
 from proxy.rewrite.volatile import VolatileDetector, note_target, volatile_lines
-from proxy.sessions import Session, SessionStore, fingerprint, identify
+from proxy.sessions import Session, SessionStore, identify
 from proxy.transcript import chain_keys
 
 log = logging.getLogger("prefill_proxy.sessions")
@@ -41,8 +41,6 @@ class Turn:
     # follow-up tasks it starts, never put in the session store or logged.
     request: dict[str, Any] = dataclasses.field(default_factory=dict)
     credentials: tuple[tuple[bytes, bytes], ...] = ()
-    # The prefix family: system prompt and tools, which other conversations may share.
-    family: str = ""
     tools: Any = None
     template_kwargs: Any = None
     # The session's previous reply asked for tools (this request carries their results),
@@ -136,7 +134,6 @@ class SessionTracker:
         for opened in self.on_open:
             opened(key)
         turn = Turn(session, messages, keys)
-        turn.family = fingerprint(request, self.detector.mask, with_user=False)
         turn.follows_tool_calls = session.last_reply_tool_calls > 0
         turn.warmed = session.warmed
         return turn

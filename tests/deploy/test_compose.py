@@ -9,17 +9,21 @@ import yaml
 COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose"
 
 
-def test_stack_wires_proxy_prometheus_and_grafana() -> None:
-    stack = yaml.safe_load((COMPOSE / "compose.yaml").read_text())["services"]
-    assert set(stack) == {"vllm", "proxy", "prometheus", "grafana"}
-    assert stack["proxy"]["environment"]["PREFILL_PROXY_UPSTREAM"] == "http://vllm:8000"
-    assert (COMPOSE / stack["proxy"]["build"]["context"] / "Dockerfile").exists()
+def images_pinned_and_mounts_present(stack: dict) -> None:
     for service in stack.values():
         assert ":" in service["image"] and not service["image"].endswith(":latest")
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
             if source.startswith("."):
                 assert (COMPOSE / source).exists(), source
+
+
+def test_stack_wires_proxy_prometheus_and_grafana() -> None:
+    stack = yaml.safe_load((COMPOSE / "compose.yaml").read_text())["services"]
+    assert set(stack) == {"vllm", "proxy", "prometheus", "grafana"}
+    assert stack["proxy"]["environment"]["PREFILL_PROXY_UPSTREAM"] == "http://vllm:8000"
+    assert (COMPOSE / stack["proxy"]["build"]["context"] / "Dockerfile").exists()
+    images_pinned_and_mounts_present(stack)
     prometheus = yaml.safe_load((COMPOSE / "prometheus" / "prometheus.yml").read_text())
     targets = {
         t
@@ -57,12 +61,7 @@ def test_the_gateway_variant_wires_two_proxies_to_two_engines_and_one_store() ->
         for name in ("vllm-a", "vllm-b")
     ]
     assert gpus == [["0"], ["1"]]  # one GPU each
-    for service in stack.values():
-        assert ":" in service["image"] and not service["image"].endswith(":latest")
-        for volume in service.get("volumes", []):
-            source = volume.split(":")[0]
-            if source.startswith("."):
-                assert (COMPOSE / source).exists(), source
+    images_pinned_and_mounts_present(stack)
     conf = (COMPOSE / "nginx" / "gateway.conf").read_text()
     assert "random;" in conf and "server proxy-a:8080;" in conf and "server proxy-b:8080;" in conf
     prometheus = yaml.safe_load((COMPOSE / "prometheus" / "gateway.yml").read_text())

@@ -21,10 +21,10 @@ NOT_IN_SCHEMAS = {"ServiceMonitor", "Kustomization"}  # CRD and kustomize's own 
 SETTINGS_ENV = {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
 
 
-def documents() -> list[dict[str, Any]]:
+def documents(folder: Path = MANIFESTS) -> list[dict[str, Any]]:
     return [
         doc
-        for path in sorted(MANIFESTS.glob("*.yaml"))
+        for path in sorted(folder.glob("*.yaml"))
         for doc in yaml.safe_load_all(path.read_text())
         if doc
     ]
@@ -120,22 +120,13 @@ def test_configmap_loads_as_settings() -> None:
 GATEWAY = MANIFESTS / "gateway"
 
 
-def gateway_documents() -> list[dict[str, Any]]:
-    return [
-        doc
-        for path in sorted(GATEWAY.glob("*.yaml"))
-        for doc in yaml.safe_load_all(path.read_text())
-        if doc
-    ]
-
-
 def gateway(kind: str) -> list[dict[str, Any]]:
-    return [doc for doc in gateway_documents() if doc["kind"] == kind]
+    return [doc for doc in documents(GATEWAY) if doc["kind"] == kind]
 
 
 @pytest.mark.parametrize(
     "doc",
-    [d for d in gateway_documents() if d["kind"] not in NOT_IN_SCHEMAS],
+    [d for d in documents(GATEWAY) if d["kind"] not in NOT_IN_SCHEMAS],
     ids=lambda d: f"{d['kind']}/{d['metadata']['name']}",
 )
 def test_gateway_manifests_are_valid(doc: dict[str, Any]) -> None:
