@@ -167,10 +167,14 @@ class ChatCall(Call):
         if not engines.probed:  # one engine: nothing to choose
             engine = engines.engines[0]
         elif turn is None:
-            engine = engines.for_session(self.prefix_family(), "", recorded=False).engine
+            family = self.prefix_family()
+            if family:
+                engine = engines.for_session(family, "", recorded=False).engine
+            else:
+                engine = engines.for_request()
         else:
             by_prefix = self.settings.engine_placement == "prefix"
-            ranked_by = self.prefix_family() if by_prefix else turn.session.key
+            ranked_by = (self.prefix_family() if by_prefix else "") or turn.session.key
             engine = engines.for_session(ranked_by, turn.session.engine).engine
         if turn is not None:
             turn.session.engine = engine.url
@@ -178,9 +182,14 @@ class ChatCall(Call):
 
     def prefix_family(self) -> str:
         """The request's system prompt and tools as a key: conversations that share them
-        share KV blocks (volatile values masked, as for the session key)."""
+        share KV blocks (volatile values masked, as for the session key); '' for tools too
+        odd to encode."""
         mask = self.chat.sessions.detector.mask if self.chat.sessions else _unmasked
-        return fingerprint(self.payload, mask, with_user=False)
+        try:
+            return fingerprint(self.payload, mask, with_user=False)
+        except jsonio.InvalidJSON as exc:  # fail open: placed without it
+            self.chat.failures.failed("prefix family", exc)
+            return ""
 
     def rewrite(self, payload: dict[str, Any]) -> dict[str, Any]:
         if not self.rewriting:

@@ -85,8 +85,11 @@ class RecordingUpstream(Upstream):
         *,
         headers: RawHeaders = (),
         timeout: float | None = None,
+        base: str = "",
     ) -> tuple[int, bytes]:
-        status, body = await super().call(path, payload, headers=headers, timeout=timeout)
+        status, body = await super().call(
+            path, payload, headers=headers, timeout=timeout, base=base
+        )
         self.replies.append(body)
         return status, body
 

@@ -70,12 +70,14 @@ async def test_a_method_no_route_takes_is_refused_in_openai_shape(make_proxy) ->
 @pytest.mark.parametrize(
     ("depth", "status"), [(100_000, 400), (5_000, 400), (1_000, 200), (300, 200)]
 )
+@pytest.mark.parametrize("upstream", ["http://engine:8000", "http://e1:8000,http://e2:8000"])
 async def test_deep_bodies_are_refused_past_the_limit_and_pass_through_under_it(
-    make_proxy, depth: int, status: int
+    make_proxy, depth: int, status: int, upstream: str
 ) -> None:
     """Past orjson's 1,024 levels: a 400 naming the problem. Under it: forwarded (what the
-    proxy cannot rewrite goes as sent: fail open), never a 500."""
-    proxy = make_proxy()
+    proxy cannot rewrite goes as sent: fail open), never a 500; also where the request's
+    prefix family places it among several engines."""
+    proxy = make_proxy(upstream=upstream)
     nested = "[" * depth + "]" * depth
     body = (
         '{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
