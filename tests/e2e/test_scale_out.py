@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+import redis
 from prometheus_client import CollectorRegistry
 
 from proxy.metrics import Metrics
@@ -21,6 +23,7 @@ from tests.support.fleet import Engine, counter, fleet, scrape
 from tests.support.valkey import Valkey
 
 SESSIONS = 6
+SECRET = "sk-scale-out-secret-0123"  # the client's key: forwarded, never stored
 
 
 def system(index: int) -> dict[str, str]:
@@ -51,7 +54,7 @@ class Conversations:
         response = await client.post(
             self.front + "/v1/chat/completions",
             json={"model": "sim-model", "messages": history, "max_tokens": 8},
-            headers={"x-session-id": session},
+            headers={"x-session-id": session, "authorization": f"Bearer {SECRET}"},
         )
         self.statuses[response.status_code] += 1
         if response.status_code == 200:
@@ -79,6 +82,29 @@ def engines_of(store: Valkey, sessions: list[str]) -> dict[str, str]:
         return {s: r.engine for s, r in records.items() if r is not None}
 
     return asyncio.run(read())
+
+
+def assert_no_secret_in(store: Valkey) -> None:
+    """Credentials are forwarded, never stored: not in any key or value of the store."""
+    client = redis.Redis.from_url(store.url)
+    try:
+        keys = list(client.scan_iter())
+        assert any(key.startswith(b"prefill-proxy:s:") for key in keys)
+        for key in keys:
+            kind = client.type(key)
+            values = [client.get(key)] if kind == b"string" else client.zrange(key, 0, -1)
+            for blob in [key, *values]:
+                assert SECRET.encode() not in (blob or b"")
+    finally:
+        client.close()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Bounded wait for state the proxies reach by themselves (a probe's result)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.05)
 
 
 def routing(replicas: list[str], decision: str, reason: str = "") -> float:
@@ -138,6 +164,12 @@ def test_a_conversation_stays_on_its_engine_and_moves_once_when_it_dies(
         # Each of its sessions moved once, whichever replica noticed first; then stayed.
         assert routing(replicas, "moved") == counts[doomed_url]
         assert routing(replicas, "new") == SESSIONS
+        assert_no_secret_in(store)
+        for url in replicas:  # /ready counts what the probes see (each 0.2 s)
+            wait_until(lambda u=url: httpx.get(u + "/ready").json()["healthy"] == 2)
+            ready = httpx.get(url + "/ready", timeout=5)
+            assert ready.status_code == 200
+            assert ready.json() == {"status": "ready", "engines": 3, "healthy": 2}
 
 
 def test_the_store_killed_mid_run_costs_sessions_not_requests(
