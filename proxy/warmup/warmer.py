@@ -109,7 +109,8 @@ class Warmer:
         self._metrics = metrics
         self._in_flight = in_flight  # the proxy's requests in flight (Recorder.in_flight)
         self._post = post  # results for a session's record (SessionTracker.post)
-        self._monitor = monitor or EngineMonitor(upstream.call)
+        # Each engine's queue, read while warm-ups for it are wanted ("": the first one).
+        self._monitors = {"": monitor or EngineMonitor(upstream.call)}
         self._clock = clock  # the exchanges' clock (Exchange.started)
         # Wall time for what goes into the record: another replica reads it.
         self._wall = wall
@@ -125,7 +126,8 @@ class Warmer:
 
     @property
     def block_size(self) -> int:
-        return self._block_size or self._monitor.block_size or DEFAULT_BLOCK_SIZE
+        known = (m.block_size for m in self._monitors.values() if m.block_size)
+        return self._block_size or next(known, None) or DEFAULT_BLOCK_SIZE
 
     def after_reply(self, turn: Turn, exchange: Exchange) -> None:
         if turn.follows_tool_calls and exchange.first_token_at is not None:
@@ -180,7 +182,7 @@ class Warmer:
         if not self._enabled:
             self._metrics.warmups_skipped.labels("disabled").inc()
             return
-        self._monitor.want()
+        self._monitor(job.engine).want()
         key = job.session_key
         if key in self._sending:
             self._metrics.warmups_skipped.labels("session_busy").inc()
@@ -230,7 +232,7 @@ class Warmer:
                 return
             # The engine first: the proxy's own check and taking the slot then happen
             # with no await in between, so the cap holds.
-            reason = await self._engine_busy() or self._skip_reason()
+            reason = await self._engine_busy(job) or self._skip_reason()
             if reason is None:
                 break
             if waited + RETRY_S > job.window:
@@ -241,15 +243,23 @@ class Warmer:
         self._sending.add(job.session_key)
         await self._attempt(job, engine_checked=True)
 
-    async def _engine_busy(self) -> str | None:
-        status = await self._monitor.fresh(STATUS_MAX_AGE_S)
+    def _monitor(self, engine: str) -> EngineMonitor:
+        monitor = self._monitors.get(engine)
+        if monitor is None:
+            fetch = functools.partial(self._upstream.call, base=engine)
+            monitor = self._monitors[engine] = EngineMonitor(fetch)
+        return monitor
+
+    async def _engine_busy(self, job: _Job) -> str | None:
+        """Whether the job's engine queues requests (warm-ups would only add to it)."""
+        status = await self._monitor(job.engine).fresh(STATUS_MAX_AGE_S)
         return "engine_busy" if engine_busy(self._limits, status.waiting) else None
 
     async def _attempt(self, job: _Job, *, engine_checked: bool) -> None:
         """One warm-up, unless the engine queues requests; counted whatever happens. The
         caller took the session's slot; this gives it back."""
         try:
-            reason = None if engine_checked else await self._engine_busy()
+            reason = None if engine_checked else await self._engine_busy(job)
             if reason is not None:
                 self._metrics.warmups_skipped.labels(reason).inc()
                 return
@@ -326,7 +336,8 @@ class Warmer:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._monitor.aclose()
+        for monitor in self._monitors.values():
+            await monitor.aclose()
 
 
 def _tokens(body: bytes) -> list[int]:

@@ -34,11 +34,13 @@ CALLS = {
 class Engine:
     def __init__(self) -> None:
         self.paths: list[str] = []
+        self.hosts: list[str] = []
         self.release = asyncio.Event()
         self.release.set()
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         self.paths.append(request.url.path)
+        self.hosts.append(request.url.host)
         if request.url.path == "/metrics":
             return httpx.Response(200, content=b'vllm:num_requests_waiting{engine="0"} 0.0\n')
         if request.url.path == "/tokenize":
@@ -131,4 +133,19 @@ async def test_with_warmup_off_every_chance_is_counted_as_skipped() -> None:
     await h.settle()
     assert h.count("prefill_proxy_warmups_skipped_total", reason="disabled") == 1
     assert engine.paths == [] and h.posted == []
+    await h.warmer.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_warmup_goes_to_the_sessions_engine_and_asks_it_how_busy_it_is() -> None:
+    """Among several engines, the session's engine is the one whose cache is warmed and
+    whose queue decides (not the first upstream's)."""
+    engine = Engine()
+    h = Harness(engine, upstream="http://engine-a:8000,http://engine-b:8000")
+    h.session.engine = "http://engine-b:8000"
+    h.reply(started=999.0, after_tools=False)
+    await h.settle()
+    assert h.count("prefill_proxy_warmups_total", trigger="tool_calls", outcome="ok") == 1
+    assert set(engine.paths) >= {"/metrics", "/tokenize", "/v1/completions"}
+    assert set(engine.hosts) == {"engine-b"}
     await h.warmer.aclose()
