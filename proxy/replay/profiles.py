@@ -163,6 +163,75 @@ def dropped_reasoning(prompt: Prompt, conversation: str, step: int) -> Prompt:
     return dataclasses.replace(prompt, messages=messages)
 
 
+_MONTHS = (
+    "January", "February", "March", "April", "May", "June",
+    "July", "August", "September", "October", "November", "December",
+)  # fmt: skip
+
+
+# What changes per step in real agents' system prompts, in formats the volatile patterns
+# (proxy/rewrite/volatile.py) do and do not know: (name, lines for step ``n`` at moment
+# ``t``). ``detected`` is the control the patterns recognise.
+CLOCK_FORMATS: Mapping[str, Callable[[datetime.datetime, int], str]] = MappingProxyType(
+    {
+        "detected": lambda t, n: clock_line(t),
+        "sentence": lambda t, n: f"It is now {t:%H:%M} on {t.day} {_MONTHS[t.month - 1]}.",
+        "labelled": lambda t, n: f"Local time: {t:%H:%M:%S}",
+        "block": lambda t, n: (
+            f"## Environment\nDate: {t:%d/%m/%y}\nTime: {t:%H:%M}\nTimezone: UTC+0"
+        ),
+        "bare-time": lambda t, n: f"{t:%H:%M}",
+        "counter": lambda t, n: f"Step {n + 1} of 60. Remaining budget: {59 - n} tool calls.",
+        "growing": lambda t, n: (
+            "## Scratchpad\n" + "\n".join(f"- observation {i + 1} noted" for i in range(n + 1))
+        ),
+    }
+)
+CLOCK_POSITIONS = ("top", "middle", "bottom")
+
+
+@dataclasses.dataclass(frozen=True)
+class VariedClock:
+    """The system prompt carries a value that changes every step, in one format at one
+    position (``format``/``position`` None: chosen per conversation by a hash of its id,
+    so a replay of many conversations covers every combination).
+
+    What real agents put there: a clock in the framework's own words (LangGraph's
+    ``System time: {system_time}`` template, pydantic-ai's dynamic system prompts), a step
+    or budget counter, a scratchpad or memory block that grows (MemGPT-style core memory).
+    Only ``detected`` is a format the volatile patterns know; the others measure what the
+    proxy keeps of a prefix whose changing part no pattern recognises."""
+
+    format: str | None = None
+    position: str | None = None
+
+    def __call__(self, prompt: Prompt, conversation: str, step: int) -> Prompt:
+        digest = hashlib.sha256(conversation.encode()).digest()
+        name = self.format or list(CLOCK_FORMATS)[digest[0] % len(CLOCK_FORMATS)]
+        position = self.position or CLOCK_POSITIONS[digest[1] % len(CLOCK_POSITIONS)]
+        text = CLOCK_FORMATS[name](virtual_now(conversation, step), step)
+        messages = list(prompt.messages)
+        for index, message in enumerate(messages):
+            content = message.get("content")
+            if message.get("role") == "system" and isinstance(content, str):
+                messages[index] = {**message, "content": _place(text, content, position)}
+                return dataclasses.replace(prompt, messages=messages)
+        system = {"role": "system", "content": text}
+        return dataclasses.replace(prompt, messages=[system, *messages])
+
+
+def _place(text: str, content: str, position: str) -> str:
+    if position == "top":
+        return f"{text}\n\n{content}"
+    if position == "bottom":
+        return f"{content}\n\n{text}"
+    head, sep, tail = content.partition("\n\n")  # after the first paragraph
+    return f"{head}\n\n{text}\n\n{tail}" if sep else f"{content}\n\n{text}"
+
+
+varied_clocks = VariedClock()
+
+
 def mixed(prompt: Prompt, conversation: str, step: int) -> Prompt:
     """All of the above at once, as a client stacked on a framework might do."""
     for profile in (reserialized_args, dropped_reasoning, reordered_tools, timestamped):
@@ -261,14 +330,22 @@ PROFILES: Mapping[str, Profile] = MappingProxyType(
         "dropped-reasoning": dropped_reasoning,
         "mixed": mixed,
         "client-trim": client_trim,
+        "varied-clocks": varied_clocks,
     }
 )
 
 
 def select(name: str, *, trim_tokens: int | None = None) -> Profile:
-    """Profile ``name``; ``trim_tokens`` sets the budget of ``client-trim``."""
+    """Profile ``name``; ``trim_tokens`` sets the budget of ``client-trim``;
+    ``clock:FORMAT:POSITION`` one varied-clocks combination (CLOCK_FORMATS, CLOCK_POSITIONS;
+    an empty part: chosen per conversation)."""
     if name == "client-trim" and trim_tokens is not None:
         return ClientTrim(trim_tokens)
+    if name.startswith("clock:"):
+        _, form, position = [*name.split(":"), "", ""][:3]
+        if (form and form not in CLOCK_FORMATS) or (position and position not in CLOCK_POSITIONS):
+            raise KeyError(name)
+        return VariedClock(form or None, position or None)
     return PROFILES[name]
 
 

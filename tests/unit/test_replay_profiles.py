@@ -181,3 +181,43 @@ def test_mixed_applies_every_profile() -> None:
     assert tool_names(sent) == tool_names(apply("reordered-tools", step))
     assert calls(sent) == calls(apply("reserialized-args", step))
     assert calls(sent) != calls(original)
+
+
+def test_varied_clocks_change_every_step_in_every_format_and_position() -> None:
+    from proxy.replay.profiles import CLOCK_FORMATS, CLOCK_POSITIONS, VariedClock, select
+
+    system = "You are a support agent.\n\nAnswer in one paragraph."
+    prompt = profiles.Prompt(
+        [{"role": "system", "content": system}, {"role": "user", "content": "hi"}], []
+    )
+    for form in CLOCK_FORMATS:
+        for position in CLOCK_POSITIONS:
+            profile = select(f"clock:{form}:{position}")
+            assert profile == VariedClock(form, position)
+            first, second = (
+                profile(prompt, "conv-1", step).messages[0]["content"] for step in (3, 4)
+            )
+            assert first != second, (form, position)
+            for line in system.split("\n"):  # the prompt itself is all there, in order
+                assert line in first
+            if position == "top":
+                assert first.endswith(system)
+            elif position == "bottom":
+                assert first.startswith(system)
+    assert prompt.messages[0]["content"] == system  # the recorded prompt is not touched
+
+
+def test_varied_clocks_cover_every_format_over_the_dev_traces() -> None:
+    from proxy.replay.profiles import CLOCK_FORMATS, varied_clocks
+
+    conversations = traces.load(traces.bundled("dev"))
+    seen = set()
+    for conversation in conversations:
+        prompt = profiles.Prompt([{"role": "system", "content": "x"}], [])
+        content = varied_clocks(prompt, conversation.id, 0).messages[0]["content"]
+        seen |= {
+            name
+            for name, render in CLOCK_FORMATS.items()
+            if render(profiles.virtual_now(conversation.id, 0), 0) in content
+        }
+    assert seen == set(CLOCK_FORMATS)
