@@ -177,6 +177,8 @@ def create_app(
         # a full collection walks the requests' objects alone (26 ms -> 3.5 ms per full
         # collection at c=64; tests/benchmarks/overhead.py's p99).
         gc.freeze()
+        with contextlib.suppress(TimeoutError):  # else the name itself until the next try
+            await engines.resolve()
         probing = asyncio.create_task(engines.run(_prober(upstream)))
         yield
         probing.cancel()

@@ -178,13 +178,21 @@ class Engines:
             )
             engine.healthy = False
 
+    async def resolve(self) -> None:
+        """With dns_refresh, the name's addresses now (at start-up, so the first requests
+        go to them rather than to the name)."""
+        if self._dns_url:
+            async with asyncio.timeout(5.0):
+                await self._re_resolve()
+
     async def run(self, get: Callable[[str, str], Awaitable[tuple[int, bytes]]]) -> None:
         """Probe every engine each interval (``get(base, path)`` -> status, body); with
-        dns_refresh, re-resolve the name too."""
+        dns_refresh, re-resolve the name too (first after one interval of dns_refresh:
+        ``resolve`` did it at start-up)."""
         if not self.probed:
             return
-        next_resolve = 0.0
         loop = asyncio.get_running_loop()
+        next_resolve = loop.time() + self._dns_refresh
         while True:
             if self._dns_url and loop.time() >= next_resolve:
                 await self._re_resolve()

@@ -110,27 +110,17 @@ def test_probes_mark_engines_and_read_their_queue() -> None:
 @pytest.mark.parametrize("addresses", [["10.0.0.2", "10.0.0.1"], ["fd00::1"]])
 def test_a_headless_service_name_becomes_one_engine_per_address(addresses: list[str]) -> None:
     metrics = Metrics(CollectorRegistry())
-    resolved = asyncio.Event()
+    asked: list[tuple[str, int]] = []
 
     async def resolve(host: str, port: int) -> list[str]:
-        assert (host, port) == ("vllm-headless.default.svc", 8000)
-        resolved.set()
+        asked.append((host, port))
         return addresses
-
-    async def get(base: str, path: str) -> tuple[int, bytes]:
-        return 200, b""
 
     engines = Engines(
         ["http://vllm-headless.default.svc:8000"], metrics, dns_refresh=30, resolve=resolve
     )
-
-    async def once() -> None:
-        task = asyncio.create_task(engines.run(get))
-        await resolved.wait()
-        await asyncio.sleep(0)
-        task.cancel()
-
-    asyncio.run(once())
+    asyncio.run(engines.resolve())  # at start-up; run() then re-resolves each dns_refresh
+    assert asked == [("vllm-headless.default.svc", 8000)]
     hosts = [f"[{a}]" if ":" in a else a for a in sorted(addresses)]
     assert [e.url for e in engines.engines] == [f"http://{h}:8000" for h in hosts]
 
