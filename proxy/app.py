@@ -135,7 +135,7 @@ def create_app(
                 metrics,
                 sizer=Sizer(tokens.Lazy()),
                 summarizer=summarizer,
-                mask=detector.mask,
+                mask=detector.key,
                 warmer=warmer,
                 post=tracker.post,
             )

@@ -184,7 +184,7 @@ class ChatCall(Call):
         """The request's system prompt and tools as a key: conversations that share them
         share KV blocks (volatile values masked, as for the session key); '' for tools too
         odd to encode."""
-        mask = self.chat.sessions.detector.mask if self.chat.sessions else _unmasked
+        mask = self.chat.sessions.detector.key if self.chat.sessions else _unmasked
         try:
             return fingerprint(self.payload, mask, with_user=False)
         except jsonio.InvalidJSON as exc:  # fail open: placed without it

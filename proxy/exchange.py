@@ -38,6 +38,7 @@ class Exchange:
     expected_cached: int | None = None
     reply: dict[str, Any] | None = None  # the assistant message as emitted, when kept
     compaction: str = ""  # the compaction event this request carried, if any
+    learned_lines: int = 0  # system lines moved because the session learned them volatile
     held_s: float = 0.0  # time held behind a concurrent request (proxy.fanout)
     context_overflow: bool = False  # the engine refused the prompt as too long
     # Called once, at the first token or (without one) when the exchange ends.
@@ -180,6 +181,8 @@ def _log_line(
         record["expected_cached_tokens"] = exchange.expected_cached
     if exchange.compaction:
         record["compaction"] = exchange.compaction
+    if exchange.learned_lines:
+        record["learned_lines"] = exchange.learned_lines
     if exchange.context_overflow:
         record["context_overflow"] = True
     if exchange.rewrite_failures:

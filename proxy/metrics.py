@@ -282,6 +282,12 @@ class Metrics:
             "into their session (the next request's history is forwarded as sent).",
             registry=registry,
         )
+        self.volatile_lines_learned = Counter(
+            "prefill_proxy_volatile_lines_learned",
+            "System-prompt lines learned volatile from a session's own requests (their "
+            "text changed, their shape did not), moved to the tail from then on.",
+            registry=registry,
+        )
         self.session_conflicts = Counter(
             "prefill_proxy_session_conflicts",
             "Saves of a session record that another request of the same session saved "

@@ -20,6 +20,7 @@ REASONS = (
     "tools_changed",
     "history_rewritten",
     "compaction",  # set by the tracker: the proxy compacted this request (proxy.compaction)
+    "volatile_learned",  # set by the tracker: lines of the system prompt learned volatile
 )
 
 

@@ -58,6 +58,12 @@ class Session:
     # and the key of the client message that carries that note.
     last_note_lines: tuple[str, ...] = ()
     note_carrier: bytes | None = None
+    # The previous request's system text (a digest, and a signature per line), and the line
+    # shapes learned volatile from it, each with the requests since it last changed
+    # (proxy.rewrite.learned).
+    system_digest: bytes = b""
+    system_lines: tuple[bytes, ...] = ()
+    learned: dict[bytes, int] = dataclasses.field(default_factory=dict)
     # The last forwarded conversation (messages + the reply), as exact-bytes hash chain.
     last_chain: tuple[bytes, ...] = ()
     last_tools: bytes = b""
@@ -94,6 +100,7 @@ class Session:
         copied.__dict__.update(self.__dict__)
         copied.substitutions = collections.OrderedDict(self.substitutions)
         copied.pinned_template_kwargs = dict(self.pinned_template_kwargs)
+        copied.learned = dict(self.learned)
         copied.pace = Pace(self.pace.replied_at, list(self.pace.gaps))
         if self.compaction is not None:
             copied.compaction = self.compaction.copy()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from proxy.exchange import Exchange, token_counts
 from proxy.failopen import FailOpenLog
 from proxy.jsonio import InvalidJSON
 from proxy.metrics import Metrics
+from proxy.rewrite import learned
 from proxy.rewrite.template_kwargs import pinnable
 from proxy.rewrite.volatile import VolatileDetector, note_target, volatile_lines
 from proxy.sessions import Session, SessionStore, identify
@@ -47,6 +49,9 @@ class Turn:
     # and whether the proxy warmed the engine for this step.
     follows_tool_calls: bool = False
     warmed: bool = False
+    # Lines of the system prompt learned volatile by this request (proxy.rewrite.learned).
+    learned: int = 0
+    learned_moved: int = 0  # lines moved because they were learned
     recorded: bool = False
 
 
@@ -118,12 +123,12 @@ class SessionTracker:
         if not isinstance(messages, list):
             return None
         try:
-            keys = chain_keys(messages, self.detector.mask)
+            keys = chain_keys(messages, self.detector.key)
         except InvalidJSON as exc:  # fail open: a body too odd to key goes on as sent
             self._failures.failed("session keys", exc)
             return None
         try:
-            key, _source = identify(headers, request, self.detector.mask)
+            key, _source = identify(headers, request, self.detector.key)
             session = await self.store.get(key)
         except Exception as exc:  # fail open: the request goes on without its session
             self._failures.failed("session lookup", exc)
@@ -133,10 +138,40 @@ class SessionTracker:
         session = session or Session(key)
         for opened in self.on_open:
             opened(key)
+        try:
+            new, moved = self._learn(session, messages)
+        except Exception as exc:  # fail open: nothing learned this time
+            self._failures.failed("volatile learning", exc)
+            new = moved = 0
         turn = Turn(session, messages, keys)
+        turn.learned, turn.learned_moved = new, moved
+        if new:
+            self._metrics.volatile_lines_learned.inc(new)
         turn.follows_tool_calls = session.last_reply_tool_calls > 0
         turn.warmed = session.warmed
         return turn
+
+    def _learn(self, session: Session, messages: list[Any]) -> tuple[int, int]:
+        """What changed in the system prompt since the session's previous request
+        (proxy.rewrite.learned): (lines learned volatile by this request, lines of it
+        move_volatile moves because they were learned)."""
+        lines = learned.system_lines(messages)
+        digest = hashlib.blake2b("\n".join(lines).encode(), digest_size=16).digest()
+        new = 0
+        if digest == session.system_digest:  # unchanged: only the counts move on
+            previous = session.system_lines
+            session.learned, _ = learned.learn(previous, previous, session.learned)
+        else:
+            mask = self.detector.mask
+            signatures = tuple(learned.signature(line, mask) for line in lines)
+            if session.system_lines:
+                session.learned, new = learned.learn(
+                    session.system_lines, signatures, session.learned
+                )
+            session.system_digest, session.system_lines = digest, signatures
+        test = learned.learned_line(session.learned, self.detector.mask)
+        moved = sum(1 for line in lines if test(line)) if test is not None else 0
+        return new, moved
 
     def forward(
         self,
@@ -164,11 +199,15 @@ class SessionTracker:
             self._metrics.session_errors.inc()
             return
         exchange.prefix_break = continuity.reason
+        if turn.learned and continuity.reason == "system_changed":
+            exchange.prefix_break = "volatile_learned"  # its lines move from now on
         exchange.expected_cached = continuity.expected_cached
+        exchange.learned_lines = turn.learned_moved
 
     def _note_placed(self, turn: Turn, session: Session) -> None:
         """Which message carries the current volatile-lines note (see move_volatile)."""
-        lines = volatile_lines(turn.client_messages, self.detector)
+        # The lines this request's note carried: learned by the turn's own record.
+        lines = volatile_lines(turn.client_messages, self.detector, turn.session)
         target = note_target(turn.client_messages)
         if lines != session.last_note_lines and target is not None:
             session.last_note_lines = lines
@@ -208,7 +247,7 @@ class SessionTracker:
             exchange.reply,
             prompt_tokens=counts[0],
             completion_tokens=counts[2],
-            mask=self.detector.mask,
+            mask=self.detector.key,
             keys=turn.keys,
             rewritten=turn.rewritten_messages,
         )

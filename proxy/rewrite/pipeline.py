@@ -25,6 +25,8 @@ class Detector(Protocol):
 
     def mask(self, text: str) -> str: ...
 
+    def key(self, text: str) -> str: ...
+
 
 @dataclasses.dataclass(frozen=True)
 class RewriteContext:
@@ -42,7 +44,7 @@ class RewriteContext:
 
     @property
     def mask(self) -> Callable[[str], str] | None:
-        return self.volatile.mask if self.volatile is not None else None
+        return self.volatile.key if self.volatile is not None else None
 
     @property
     def pinned_template_kwargs(self) -> Mapping[str, Any]:

@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from proxy.rewrite.learned import learned_line
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
 
 NOTE_HEADER = "[Context moved from the system prompt: it changes on every request]"
@@ -79,6 +80,7 @@ _MARKED_ID = (
 )
 
 _DIGIT = re.compile(r"\d")
+_NUMBER = re.compile(r"\d+")
 
 BUILTIN_PATTERNS: tuple[str, ...] = (
     rf"(?<![\w/.:-])(?:{_DATETIME})(?![\w/-]|\.\d)",
@@ -153,15 +155,21 @@ class VolatileDetector:
             last = end
         return "".join([*pieces, text[last:]])
 
-    def split(self, text: str) -> tuple[str, list[str]]:
-        """(``text`` without its volatile lines, those lines in order). Lines split on
-        ``\\n`` only. A moved line at the start or after a blank line takes the blank lines
-        that follow it along, so "<clock>\\n\\n<prompt>" leaves exactly "<prompt>"."""
+    def key(self, text: str) -> str:
+        """``text`` as session and message keys see it: masked, and every number 0, so a
+        line whose numbers change (a clock no pattern knows, a counter) keeps its keys."""
+        return _NUMBER.sub("0", self.mask(text))
+
+    def split(self, text: str, also: Callable[[str], bool] | None = None) -> tuple[str, list[str]]:
+        """(``text`` without its volatile lines, those lines in order): the patterns', and
+        those ``also`` says are (learned for the session). Lines split on ``\\n`` only. A
+        moved line at the start or after a blank line takes the blank lines that follow it
+        along, so "<clock>\\n\\n<prompt>" leaves exactly "<prompt>"."""
         kept: list[str] = []
         moved: list[str] = []
         eat_blanks = False
         for line in text.split("\n"):
-            if self._line_spans(line):
+            if self._line_spans(line) or (also is not None and also(line)):
                 moved.append(line)
                 eat_blanks = eat_blanks or not kept or kept[-1] == ""
             elif line == "" and eat_blanks:
@@ -198,11 +206,12 @@ def move_volatile(request: Request, context: RewriteContext) -> Request | None:
     target = note_target(messages)
     if target is None:
         return None
+    also = learned_of(context.session, detector)
     rewritten = list(messages)
     moved: list[str] = []
     for index, message in enumerate(messages):
         if isinstance(message, dict) and message.get("role") in SOURCE_ROLES:
-            content, lines = _split_content(message.get("content"), detector)
+            content, lines = _split_content(message.get("content"), detector, also)
             if lines:
                 rewritten[index] = {**message, "content": content}
                 moved += lines
@@ -223,15 +232,23 @@ def move_volatile(request: Request, context: RewriteContext) -> Request | None:
     return {**request, "messages": rewritten}
 
 
-def volatile_lines(messages: Any, detector: VolatileDetector) -> tuple[str, ...]:
-    """The lines ``move_volatile`` moves out of these messages, in order."""
+def volatile_lines(
+    messages: Any, detector: VolatileDetector, session: Any = None
+) -> tuple[str, ...]:
+    """The lines ``move_volatile`` moves out of these messages (for ``session``), in order."""
     if not isinstance(messages, list):
         return ()
+    also = learned_of(session, detector)
     moved: list[str] = []
     for message in messages:
         if isinstance(message, dict) and message.get("role") in SOURCE_ROLES:
-            moved += _split_content(message.get("content"), detector)[1]
+            moved += _split_content(message.get("content"), detector, also)[1]
     return tuple(moved)
+
+
+def learned_of(session: Any, detector: VolatileDetector) -> Callable[[str], bool] | None:
+    """The session's learned volatile lines as a test (proxy.rewrite.learned)."""
+    return learned_line(getattr(session, "learned", None), detector.mask)
 
 
 def note_target(messages: list[Any]) -> int | None:
@@ -243,16 +260,18 @@ def note_target(messages: list[Any]) -> int | None:
     return None
 
 
-def _split_content(content: Any, detector: VolatileDetector) -> tuple[Any, list[str]]:
+def _split_content(
+    content: Any, detector: VolatileDetector, also: Callable[[str], bool] | None = None
+) -> tuple[Any, list[str]]:
     if isinstance(content, str):
-        return detector.split(content)
+        return detector.split(content, also)
     if not isinstance(content, list):
         return content, []
     parts: list[Any] = []
     moved: list[str] = []
     for part in content:
         if _is_text_part(part):
-            text, lines = detector.split(part["text"])
+            text, lines = detector.split(part["text"], also)
             moved += lines
             if lines and not text:
                 continue  # the part held only volatile lines (a prepended clock part)

@@ -96,7 +96,7 @@ async def replay(
     detector = VolatileDetector(())
     tracker = SessionTracker(store or MemoryStore(10, 60), detector, metrics)
     compactor = Compactor(
-        settings_, upstream, metrics, sizer=SIZER, mask=detector.mask, post=tracker.post
+        settings_, upstream, metrics, sizer=SIZER, mask=detector.key, post=tracker.post
     )
     tracker.listeners = [compactor]
     high = int(LIMIT * settings_.compaction_high)

@@ -44,6 +44,9 @@ sessions = st.builds(
     pinned_template_kwargs=st.dictionaries(text, json_value, max_size=3),
     last_note_lines=st.lists(text, max_size=3).map(tuple),
     note_carrier=st.none() | keys,
+    system_digest=st.binary(max_size=16),
+    system_lines=st.lists(st.binary(min_size=16, max_size=16), max_size=4).map(tuple),
+    learned=st.dictionaries(st.binary(min_size=8, max_size=8), st.integers(0, 20), max_size=3),
     last_chain=st.lists(keys, max_size=4).map(tuple),
     last_tools=st.binary(max_size=8),
     last_prompt_tokens=st.integers(0, 10**6),
@@ -54,6 +57,7 @@ sessions = st.builds(
     compaction=st.none() | compactions,
     summary_failed_at=st.none() | st.floats(0, 2e9),
     engine=text,
+    router_token=text,
     version=st.integers(0, 10**6),
 )
 

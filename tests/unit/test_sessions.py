@@ -77,7 +77,7 @@ def test_volatile_values_of_the_system_prompt_do_not_change_keys() -> None:
 
 
 class Detector:
-    mask = staticmethod(mask)
+    mask = key = staticmethod(mask)
 
 
 def context(session: Session) -> RewriteContext:
