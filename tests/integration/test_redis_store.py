@@ -263,3 +263,25 @@ async def test_a_tracker_on_a_dead_store_serves_without_sessions(metrics: Metric
 def test_the_log_never_shows_the_password() -> None:
     assert describe("redis://:s3cret@redis.internal:6379/0") == "redis://***@redis.internal:6379/0"
     assert describe("unix:///run/redis.sock") == "unix:///run/redis.sock"
+
+
+async def test_a_restarted_store_is_used_after_one_pause_whatever_the_pool_held(
+    metrics: Metrics,
+) -> None:
+    """Many pooled connections to the old server: one failure drops them all, so the
+    first call after the pause reaches the restarted store."""
+    server = Valkey()
+    server.start()
+    clock = Clock(0.0)
+    store = store_on(server, metrics, timeout=0.5, clock=clock)
+    try:
+        await asyncio.gather(*(store.get(f"warm-{index}") for index in range(8)))  # 8 in the pool
+        server.restart()
+        with pytest.raises(StoreUnavailable):
+            await store.get("stranger")
+        clock.now += 1.5
+        assert await store.get("stranger") is None  # answered, by the new server
+        assert await store.save(Session("after-restart"))
+    finally:
+        await store.aclose()
+        server.stop()
