@@ -26,7 +26,7 @@ from typing import Any
 
 # Requests a learned line may go unchanged before it goes back into the system prompt.
 UNLEARN_AFTER = 16
-SOURCE_ROLES = frozenset({"system", "developer"})
+SOURCE_ROLES = frozenset({"system", "developer"})  # whose lines may be volatile
 _DIGIT = re.compile(r"\d")
 _NUMBER = re.compile(r"\d+")
 

@@ -23,12 +23,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from proxy.rewrite.learned import learned_line
+from proxy.rewrite.learned import SOURCE_ROLES, learned_line, shape
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
 
 NOTE_HEADER = "[Context moved from the system prompt: it changes on every request]"
 PLACEHOLDER = "<volatile>"
-SOURCE_ROLES = frozenset({"system", "developer"})
 TARGET_ROLES = frozenset({"user", "tool"})
 
 _WEEKDAY = (
@@ -80,7 +79,6 @@ _MARKED_ID = (
 )
 
 _DIGIT = re.compile(r"\d")
-_NUMBER = re.compile(r"\d+")
 
 BUILTIN_PATTERNS: tuple[str, ...] = (
     rf"(?<![\w/.:-])(?:{_DATETIME})(?![\w/-]|\.\d)",
@@ -158,7 +156,7 @@ class VolatileDetector:
     def key(self, text: str) -> str:
         """``text`` as session and message keys see it: masked, and every number 0, so a
         line whose numbers change (a clock no pattern knows, a counter) keeps its keys."""
-        return _NUMBER.sub("0", self.mask(text))
+        return shape(text, self.mask)
 
     def split(self, text: str, also: Callable[[str], bool] | None = None) -> tuple[str, list[str]]:
         """(``text`` without its volatile lines, those lines in order): the patterns', and
