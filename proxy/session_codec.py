@@ -11,7 +11,7 @@ from proxy import jsonio
 from proxy.compaction.state import Compaction
 from proxy.sessions import Pace, Session
 
-FORMAT = 1  # bumped when the layout changes: older records are then dropped, not misread
+FORMAT = 2  # bumped when the layout changes: older records are then dropped, not misread
 
 
 class CodecError(ValueError):
@@ -41,6 +41,9 @@ def encode(session: Session) -> bytes:
             "summary_failed_at": session.summary_failed_at,
             "engine": session.engine,
             "router_token": session.router_token,
+            "head": session.head.hex(),
+            "system_key": session.system_key.hex(),
+            "alias_of": session.alias_of,
             "version": session.version,
         }
     )
@@ -74,6 +77,9 @@ def decode(data: bytes) -> Session:
             summary_failed_at=raw["summary_failed_at"],
             engine=raw["engine"],
             router_token=raw["router_token"],
+            head=bytes.fromhex(raw["head"]),
+            system_key=bytes.fromhex(raw["system_key"]),
+            alias_of=raw["alias_of"],
             version=raw["version"],
         )
     except CodecError:

@@ -64,6 +64,9 @@ class Session:
     system_digest: bytes = b""
     system_lines: tuple[bytes, ...] = ()
     learned: dict[bytes, int] = dataclasses.field(default_factory=dict)
+    # The chain key of the previous request's system prompt (its leading system and
+    # developer messages): history recorded after it is found when the prompt changes.
+    system_key: bytes = b""
     # The last forwarded conversation (messages + the reply), as exact-bytes hash chain.
     last_chain: tuple[bytes, ...] = ()
     last_tools: bytes = b""
@@ -81,6 +84,12 @@ class Session:
     # router in front of the engines gave it (upstream_affinity_header).
     engine: str = ""
     router_token: str = ""
+    # A fingerprinted conversation's first exchange (the chain key of its first two
+    # messages after the system prompt), and, in an alias record, the key of the session
+    # it points to: a request whose system prompt changed in a way not yet learned has a
+    # new fingerprint, and is joined to its session through these (proxy.tracker).
+    head: bytes = b""
+    alias_of: str = ""
     # The stored version this record was loaded from (0: new): saves compare and set it.
     version: int = 0
     touched: float = 0.0
@@ -119,10 +128,13 @@ def identify(headers: Mapping[str, str], request: Mapping[str, Any], mask: Mask)
     return "f:" + fingerprint(request, mask), "fingerprint"
 
 
-def fingerprint(request: Mapping[str, Any], mask: Mask, *, with_user: bool = True) -> str:
+def fingerprint(
+    request: Mapping[str, Any], mask: Mask, *, with_user: bool = True, with_system: bool = True
+) -> str:
     """The conversation's stable head as a key. ``with_user=False``: only the system prompt
     and tools, the prefix a family of conversations shares (proxy.engines places a family
-    together, so its shared prefix is computed once)."""
+    together, so its shared prefix is computed once). ``with_system=False``: only tools and
+    the first user message (the alias of a conversation whose system prompt changes)."""
     messages = request.get("messages")
     messages = messages if isinstance(messages, list) else []
     head: list[Any] = []
@@ -131,7 +143,8 @@ def fingerprint(request: Mapping[str, Any], mask: Mask, *, with_user: bool = Tru
             continue
         role, content = message.get("role"), message.get("content")
         if role in ("system", "developer"):
-            head.append([role, mask(content) if isinstance(content, str) else content])
+            if with_system:
+                head.append([role, mask(content) if isinstance(content, str) else content])
         elif role == "user":
             if with_user:
                 head.append(["user", content])

@@ -20,12 +20,22 @@ from proxy.failopen import FailOpenLog
 from proxy.jsonio import InvalidJSON
 from proxy.metrics import Metrics
 from proxy.rewrite import learned
+from proxy.rewrite.learned import SOURCE_ROLES
 from proxy.rewrite.template_kwargs import pinnable
 from proxy.rewrite.volatile import VolatileDetector, note_target, volatile_lines
-from proxy.sessions import Session, SessionStore, identify
-from proxy.transcript import chain_keys
+from proxy.sessions import Session, SessionStore, fingerprint, identify
+from proxy.transcript import chain_keys, next_key
 
 log = logging.getLogger("prefill_proxy.sessions")
+
+ALIAS_PREFIX = "a:"  # alias records' keys (session keys start h:, u:, p:, f:)
+
+
+def head_key(messages: Sequence[Any], mask: Callable[[str], str]) -> bytes | None:
+    """The chain key of the first two messages after the system prompt (the first
+    exchange), None if there are fewer."""
+    body = [m for m in messages if not isinstance(m, dict) or m.get("role") not in SOURCE_ROLES]
+    return chain_keys(body[:2], mask)[-1] if len(body) >= 2 else None
 
 
 @dataclasses.dataclass
@@ -52,7 +62,47 @@ class Turn:
     # Lines of the system prompt learned volatile by this request (proxy.rewrite.learned).
     learned: int = 0
     learned_moved: int = 0  # lines moved because they were learned
+    # The session's key form of system text (learned block lines left out), and the alias
+    # a new fingerprinted session is saved under too (proxy.tracker._continued).
+    mask: Callable[[str], str] = str
+    alias: str = ""
+    # The keys restoration looks history up by (proxy.tracker._history_keys).
+    lookup_keys: list[bytes] = dataclasses.field(default_factory=list)
     recorded: bool = False
+
+
+def _recorded(session: Session, keys: Sequence[bytes]) -> int:
+    """How many of ``keys`` the session has history recorded by."""
+    return sum(1 for key in keys if key in session.substitutions)
+
+
+def _leading_system(messages: Sequence[Any]) -> int:
+    """How many messages the system prompt takes at the start."""
+    count = 0
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in SOURCE_ROLES:
+            break
+        count += 1
+    return count
+
+
+def _history_keys(
+    session: Session, messages: Sequence[Any], keys: list[bytes], mask: Callable[[str], str]
+) -> list[bytes]:
+    """The keys to look the session's recorded history up by: ``keys``, or, where the
+    system prompt changed since the session's previous request (an edit, a line learned
+    by this request), the history's keys continued from the previous system prompt's, if
+    the history was recorded by those. The session is this conversation's already; what
+    follows its system prompt is the same history."""
+    lead = _leading_system(messages)
+    if not lead or not session.system_key or keys[lead - 1] == session.system_key:
+        return keys
+    continued = keys[:lead]
+    previous = session.system_key
+    for message in messages[lead:]:
+        previous = next_key(previous, message, mask)
+        continued.append(previous)
+    return continued if _recorded(session, continued) > _recorded(session, keys) else keys
 
 
 class ReplyListener(Protocol):
@@ -123,18 +173,22 @@ class SessionTracker:
         if not isinstance(messages, list):
             return None
         try:
-            keys = chain_keys(messages, self.detector.key)
+            key, source = identify(headers, request, self.detector.key)
+            session = await self.store.get(key)
+            outcome, alias = ("new" if session is None else "found"), ""
+            if session is None and source == "fingerprint":
+                alias = ALIAS_PREFIX + fingerprint(request, self.detector.key, with_system=False)
+                session = await self._continued(alias, messages)
+                if session is not None:
+                    outcome, alias = "continued", ""
         except InvalidJSON as exc:  # fail open: a body too odd to key goes on as sent
             self._failures.failed("session keys", exc)
             return None
-        try:
-            key, _source = identify(headers, request, self.detector.key)
-            session = await self.store.get(key)
         except Exception as exc:  # fail open: the request goes on without its session
             self._failures.failed("session lookup", exc)
             self._metrics.session_errors.inc()
             return None
-        self._metrics.sessions_loaded.labels("new" if session is None else "found").inc()
+        self._metrics.sessions_loaded.labels(outcome).inc()
         session = session or Session(key)
         for opened in self.on_open:
             opened(key)
@@ -143,13 +197,41 @@ class SessionTracker:
         except Exception as exc:  # fail open: nothing learned this time
             self._failures.failed("volatile learning", exc)
             new = moved = 0
-        turn = Turn(session, messages, keys)
+        # Keys leave learned lines out (a learned block grows without changing them).
+        mask = self._mask(session.learned)
+        try:
+            keys = chain_keys(messages, mask)
+            lookup = _history_keys(session, messages, keys, mask)
+        except InvalidJSON as exc:  # fail open: a body too odd to key goes on as sent
+            self._failures.failed("session keys", exc)
+            return None
+        turn = Turn(session, messages, keys, mask=mask, alias=alias, lookup_keys=lookup)
         turn.learned, turn.learned_moved = new, moved
         if new:
             self._metrics.volatile_lines_learned.inc(new)
         turn.follows_tool_calls = session.last_reply_tool_calls > 0
         turn.warmed = session.warmed
         return turn
+
+    def _mask(self, learned_keys: Mapping[bytes, int]) -> Callable[[str], str]:
+        test = learned.learned_line(learned_keys, self.detector.mask)
+        return learned.keyed(self.detector.key, test)
+
+    async def _continued(self, alias: str, messages: list[Any]) -> Session | None:
+        """The session a fingerprinted request continues although its fingerprint is new
+        (its system prompt changed: a line no rule knows yet, an edit): the one its alias
+        (tools and first user message) points to, if that session's first exchange is
+        this request's too. Two conversations never join: their first replies differ."""
+        head = head_key(messages, self.detector.key)
+        if head is None:
+            return None  # a first request: nothing to continue
+        pointer = await self.store.get(alias)
+        if pointer is None or not pointer.alias_of:
+            return None
+        session = await self.store.get(pointer.alias_of)
+        if session is None or session.head != head:
+            return None
+        return session
 
     def _learn(self, session: Session, messages: list[Any]) -> tuple[int, int]:
         """What changed in the system prompt since the session's previous request
@@ -166,7 +248,10 @@ class SessionTracker:
             signatures = tuple(learned.signature(line, mask) for line in lines)
             if session.system_lines:
                 session.learned, new = learned.learn(
-                    session.system_lines, signatures, session.learned
+                    session.system_lines,
+                    signatures,
+                    session.learned,
+                    [learned.learnable(line) for line in lines],
                 )
             session.system_digest, session.system_lines = digest, signatures
         test = learned.learned_line(session.learned, self.detector.mask)
@@ -247,7 +332,7 @@ class SessionTracker:
             exchange.reply,
             prompt_tokens=counts[0],
             completion_tokens=counts[2],
-            mask=self.detector.key,
+            mask=turn.mask,
             keys=turn.keys,
             rewritten=turn.rewritten_messages,
         )
@@ -258,6 +343,19 @@ class SessionTracker:
         for key, value in pinnable(turn.template_kwargs, self.detector).items():
             session.pinned_template_kwargs.setdefault(key, value)
         self._note_placed(turn, session)
+        lead = _leading_system(turn.client_messages)
+        session.system_key = turn.keys[lead - 1] if lead else b""
+        if not session.head:
+            exchanged = [*turn.client_messages, exchange.reply]
+            session.head = head_key(exchanged, self.detector.key) or b""
+
+    async def _point(self, alias: str, key: str) -> None:
+        """The alias record of a new fingerprinted session points to it (the newest session
+        with that alias wins)."""
+        pointer = await self.store.get(alias) or Session(alias)
+        if pointer.alias_of != key:
+            pointer.alias_of = key
+            await self.store.save(pointer)  # lost to another new session: it is as new
 
     async def _save(self, turn: Turn, exchange: Exchange) -> None:
         """Compare and set. When another request of the session saved first (a retry, two
@@ -268,6 +366,8 @@ class SessionTracker:
         try:
             if await self.store.save(turn.session):
                 self._metrics.sessions_saved.inc()
+                if turn.alias:
+                    await self._point(turn.alias, key)
                 return
             self._metrics.session_conflicts.inc()
             fresh = await self.store.get(key) or Session(key)

@@ -185,8 +185,24 @@ CLOCK_FORMATS: Mapping[str, Callable[[datetime.datetime, int], str]] = MappingPr
         "growing": lambda t, n: (
             "## Scratchpad\n" + "\n".join(f"- observation {i + 1} noted" for i in range(n + 1))
         ),
+        # A memory block that gains a fact a step, in words (no number tells lines apart).
+        "memory": lambda t, n: "## Memory\n" + "\n".join(_fact(i) for i in range(n + 1)),
     }
 )
+
+_FACT_WORDS = (
+    "aisle", "window", "refund", "upgrade", "baggage", "loyalty", "transfer", "voucher",
+    "delay", "meal", "lounge", "invoice", "address", "passport", "seat", "fare",
+)  # fmt: skip
+
+
+def _fact(index: int) -> str:
+    """A distinct line of words for fact ``index`` (up to 16**3)."""
+    words = _FACT_WORDS
+    a, b, c = index % 16, index // 16 % 16, index // 256 % 16
+    return f"- the user asked about {words[a]} then {words[(a + b + 5) % 16]} ({words[c]})"
+
+
 CLOCK_POSITIONS = ("top", "middle", "bottom")
 
 

@@ -1,19 +1,27 @@
 """Volatile lines learned from the session itself, whatever their format.
 
 The patterns of ``proxy.rewrite.volatile`` know some ways to write a clock; agents write
-others ("It is now 08:07 on 29 November.", "Step 4 of 60", "Local time: 08:07:51"). What
-changes in the system prompt between two requests of one conversation, while the rest
-stays, is volatile by definition. A line's *shape* is its text with the patterns' values
-masked and every number made 0: a line whose text changed while its shape did not (a new
-time, a new count, a new nonce) is learned at once, and ``move_volatile`` moves it to the
-tail like a pattern line from then on. A learned line that stops changing (an edit of a
-number in the prompt, not a clock) is unlearned after ``UNLEARN_AFTER`` requests without
-a change, so it goes back into the prefix: a prompt edited once costs one more miss, and
-never a permanently moved line. Lines whose shape changed (words edited, lines added) are
-never learned.
+others ("It is now 08:07 on 29 November.", "Step 4 of 60", "Local time: 08:07:51", a
+scratchpad that gains a line each step). What changes in the system prompt between two
+requests of one conversation, while the rest stays, is volatile by definition. The rules:
 
-Pure functions over the session record's two fields: the previous request's line
-signatures and the learned shapes with their unchanged counts.
+- A line whose text changed while its *shape* did not (its text with the patterns' values
+  masked and every number made 0: a new time, count or nonce) is learned at once, by
+  shape.
+- A block of new lines (inserted, or replacing lines of other shapes; at most
+  ``MAX_BLOCK``) is learned, by text, when the previous request changed the same place
+  too (next to the same line), or when it joins lines already learned: a growing
+  scratchpad is learned on its second growth and every line it gains after that. A
+  prompt edited once is learned nothing (one miss, as without the proxy).
+- A learned line whose block goes ``UNLEARN_AFTER`` requests without a change (an edit of
+  a number, a block that stopped growing) is unlearned, so it goes back into the prefix:
+  never a permanently moved line.
+
+``move_volatile`` moves learned lines to the tail like pattern lines; the chain keys of
+the session's messages leave its learned lines out (``keyed``), so history is restored
+while a block grows. Pure functions over the
+session record's two fields: the previous request's line signatures and the learned keys
+with their unchanged counts.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ UNLEARN_AFTER = 16
 SOURCE_ROLES = frozenset({"system", "developer"})  # whose lines may be volatile
 _DIGIT = re.compile(r"\d")
 _NUMBER = re.compile(r"\d+")
+_WORD = re.compile(r"\w")
 
 Mask = Callable[[str], str]
 
@@ -45,8 +54,7 @@ def shape_key(line: str, mask: Mask) -> bytes:
 
 def signature(line: str, mask: Mask) -> bytes:
     """16 bytes: the line's text hash, then its shape's."""
-    text = hashlib.blake2b(line.encode(), digest_size=8).digest()
-    return text + shape_key(line, mask)
+    return _text_key(line) + shape_key(line, mask)
 
 
 def system_lines(messages: Any) -> list[str]:
@@ -68,50 +76,166 @@ def system_lines(messages: Any) -> list[str]:
 
 
 def learn(
-    previous: Sequence[bytes], current: Sequence[bytes], learned: Mapping[bytes, int]
+    previous: Sequence[bytes],
+    current: Sequence[bytes],
+    learned: Mapping[bytes, int],
+    learnable: Sequence[bool] | None = None,
 ) -> tuple[dict[bytes, int], int]:
-    """(the learned shapes after this request, how many were learned by it), from the
-    line signatures of the previous request and of this one."""
-    updated = dict(learned)
-    if list(previous) == list(current):
-        changed: set[bytes] = set()
-    else:
-        changed = _value_changes(previous, current)
-    new = 0
-    for key in changed:
-        if key not in updated:
-            new += 1
-        updated[key] = 0
-    present = {sig[8:] for sig in current}
-    for key in list(updated):
-        if key in changed:
-            continue
-        if key in present:
-            updated[key] += 1
-            if updated[key] >= UNLEARN_AFTER:
-                del updated[key]
-    return updated, new
+    """(the learned keys after this request, how many lines it learned), from the line
+    signatures of the previous request and of this one. ``learnable[j]``: whether line j
+    may be learned as a block line (blank lines and rules never are: learning one would
+    move every blank line)."""
+    state = _State(dict(learned), current, learnable)
+    if list(previous) != list(current):
+        matcher = difflib.SequenceMatcher(
+            None, [s[8:] for s in previous], [s[8:] for s in current], autojunk=False
+        )
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag == "equal":
+                state.values_changed(previous[i1:i2], j1)
+            elif tag != "delete" and max(i2 - i1, j2 - j1) <= MAX_BLOCK:
+                state.block_changed(j1, j2)
+    return state.counted(), state.new
 
 
-def _value_changes(previous: Sequence[bytes], current: Sequence[bytes]) -> set[bytes]:
-    """Shapes of lines aligned with a line of the same shape whose text differs."""
-    matcher = difflib.SequenceMatcher(
-        None, [s[8:] for s in previous], [s[8:] for s in current], autojunk=False
-    )
-    changed: set[bytes] = set()
-    for tag, i1, _i2, j1, j2 in matcher.get_opcodes():
-        if tag != "equal":
-            continue
-        for offset in range(j2 - j1):
-            before, after = previous[i1 + offset], current[j1 + offset]
-            if before[:8] != after[:8]:
-                changed.add(after[8:])
-    return changed
+# A changed block of at most this many lines may be learned: a scratchpad grows by a few
+# lines a step; a rewritten section is an edit.
+MAX_BLOCK = 8
+_TEXT, _BEFORE, _AFTER = b"t", b"<", b">"  # key tags: block line, pending anchors
+_START, _END = b"^" * 8, b"$" * 8  # anchors at the prompt's ends
+
+
+class _State:
+    """One request's learning: keys set or touched by it restart their counts."""
+
+    def __init__(
+        self, learned: dict[bytes, int], current: Sequence[bytes], learnable: Sequence[bool] | None
+    ) -> None:
+        self.learned = learned
+        self.current = current
+        self.learnable = learnable
+        self.touched: set[bytes] = set()
+        self.new = 0
+
+    def is_learned(self, j: int) -> bool:
+        sig = self.current[j]
+        return sig[8:] in self.learned or _TEXT + sig[:8] in self.learned
+
+    def learn(self, key: bytes) -> None:
+        if key not in self.learned:
+            self.new += 1
+        self.learned[key] = 0
+        self.touched.add(key)
+
+    def values_changed(self, before: Sequence[bytes], j1: int) -> None:
+        """Aligned lines of one shape: a text that changed is a value, learned at once."""
+        for offset, old in enumerate(before):
+            j = j1 + offset
+            if old[:8] != self.current[j][:8]:
+                self.learn(self.current[j][8:])
+                self.touch_around(j, j + 1)
+
+    def block_changed(self, j1: int, j2: int) -> None:
+        """Lines j1..j2 are new (inserted, or replacing lines of other shapes): learned when
+        the previous request changed the same place too (next to the same line), or when
+        they join lines already learned (a growing block); else that place is remembered
+        for one request. A prompt edited once is learned nothing."""
+        before = self.current[j1 - 1][8:] if j1 > 0 else _START
+        after = self.current[j2][8:] if j2 < len(self.current) else _END
+        joins = (j1 > 0 and self.is_learned(j1 - 1)) or (
+            j2 < len(self.current) and self.is_learned(j2)
+        )
+        again = any(  # a place remembered by the previous request (not this one)
+            key in self.learned and key not in self.touched
+            for key in (_BEFORE + before, _AFTER + after)
+        )
+        if not (joins or again):
+            for pending in (_BEFORE + before, _AFTER + after):
+                self.learned[pending] = 0
+                self.touched.add(pending)
+            return
+        for j in range(j1, j2):
+            if self.learnable is None or self.learnable[j]:
+                self.learn(_TEXT + self.current[j][:8])
+        self.touch_around(j1, j2)
+
+    def touch_around(self, j1: int, j2: int) -> None:
+        """Learned lines next to a change are one block with it: their counts restart."""
+        j = j1 - 1
+        while j >= 0 and self.is_learned(j):
+            self.touch(j)
+            j -= 1
+        j = j2
+        while j < len(self.current) and self.is_learned(j):
+            self.touch(j)
+            j += 1
+
+    def touch(self, j: int) -> None:
+        sig = self.current[j]
+        for key in (sig[8:], _TEXT + sig[:8]):
+            if key in self.learned:
+                self.learned[key] = 0
+                self.touched.add(key)
+
+    def counted(self) -> dict[bytes, int]:
+        """Every key not touched one request older: a pending place lives one request,
+        a learned line ``UNLEARN_AFTER`` (present and unchanged, or gone)."""
+        for key in list(self.learned):
+            if key in self.touched:
+                continue
+            if key[:1] in (_BEFORE, _AFTER) and len(key) == 9:
+                del self.learned[key]
+                continue
+            self.learned[key] += 1
+            if self.learned[key] >= UNLEARN_AFTER:
+                del self.learned[key]
+        return self.learned
+
+
+def learnable(line: str) -> bool:
+    """Whether a line may be learned as part of a block: it has a word or number in it."""
+    return bool(_WORD.search(line))
 
 
 def learned_line(learned: Iterable[bytes] | None, mask: Mask) -> Callable[[str], bool] | None:
-    """A test of whether a line is one of ``learned``'s shapes (None: nothing learned)."""
-    keys = frozenset(learned or ())
-    if not keys:
+    """A test of whether a line is learned: one of ``learned``'s shapes, or a block line
+    by its text (None: nothing learned)."""
+    shapes, texts = _split(learned)
+    if not shapes and not texts:
         return None
-    return lambda line: bool(_DIGIT.search(line)) and shape_key(line, mask) in keys
+
+    def test(line: str) -> bool:
+        if texts and _text_key(line) in texts:
+            return True
+        return bool(shapes) and bool(_DIGIT.search(line)) and shape_key(line, mask) in shapes
+
+    return test
+
+
+def keyed(base: Mask, test: Callable[[str], bool] | None) -> Mask:
+    """The session's key form of a system text: ``base`` (numbers 0, patterns masked) of
+    the text without its learned lines (``test``, from ``learned_line``), so a block that
+    grows or changes keeps the messages' chain keys, and with them restored history."""
+    if test is None:
+        return base
+
+    def key(text: str) -> str:
+        return base("\n".join(line for line in text.split("\n") if not test(line)))
+
+    return key
+
+
+def _split(learned: Iterable[bytes] | None) -> tuple[frozenset[bytes], frozenset[bytes]]:
+    """(learned shapes, learned block lines' text keys)."""
+    shapes: set[bytes] = set()
+    texts: set[bytes] = set()
+    for key in learned or ():
+        if len(key) == 8:
+            shapes.add(key)
+        elif key[:1] == _TEXT and len(key) == 9:
+            texts.add(key[1:])
+    return frozenset(shapes), frozenset(texts)
+
+
+def _text_key(line: str) -> bytes:
+    return hashlib.blake2b(line.encode(), digest_size=8).digest()

@@ -30,7 +30,59 @@ def test_a_value_that_changes_is_learned_at_once_an_edit_is_not() -> None:
     edited, new = learned.learn(
         previous, sigs("You are an agent.", "It is now 08:07.", "Be concise."), {}
     )
-    assert new == 0 and edited == {}  # words changed: a reason, not a clock
+    assert new == 0 and lines_of(edited) == set()  # words changed: a reason, not a clock
+
+
+def lines_of(state: dict[bytes, int]) -> set[bytes]:
+    """The learned lines' keys (not the places a change was seen, kept one request)."""
+    return {key for key in state if len(key) == 8 or key[:1] == b"t"}
+
+
+NOTES = [f"user said {word}" for word in ("alpha", "bravo", "charlie", "delta", "echo", "fox")]
+
+
+def grown(step: int, notes: list[str] = NOTES) -> list[str]:
+    return ["You are an agent.", "## Scratchpad", *notes[: step + 1], "", "Be brief."]
+
+
+def test_a_growing_block_is_learned_on_its_second_growth_and_keeps_growing() -> None:
+    state: dict[bytes, int] = {}
+    learned_by_step = []
+    for step in range(1, 5):
+        state, new = learned.learn(sigs(*grown(step - 1)), sigs(*grown(step)), state)
+        learned_by_step.append(new)
+    assert learned_by_step == [0, 1, 1, 1]  # the first growth is an edit, as far as known
+    test = learned.learned_line(state, MASK)
+    assert test is not None
+    moved = [line for line in grown(4) if test(line)]
+    assert moved == ["user said charlie", "user said delta", "user said echo"]
+
+
+def test_an_insertion_made_once_is_not_learned_nor_a_blank_line() -> None:
+    base = ["You are an agent.", "Be brief."]
+    state, new = learned.learn(sigs(*base), sigs(base[0], "Use metric units.", base[1]), {})
+    assert new == 0
+    same = sigs(base[0], "Use metric units.", base[1])
+    state, _ = learned.learn(same, same, state)
+    assert state == {}  # the place is remembered for one request only
+    # Blank lines inserted at one place twice: the place is learned, the blanks never.
+    lines = [learned.learnable(line) for line in ("", "a", "", "---")]
+    assert lines == [False, True, False, False]
+
+
+def test_a_block_edited_twice_in_a_row_is_learned_then_goes_back() -> None:
+    a = ["You are an agent.", "Status: idle", "Be brief."]
+    b = ["You are an agent.", "Status: busy with a booking", "Be brief."]
+    c = ["You are an agent.", "Status: waiting for the user", "Be brief."]
+    state, new = learned.learn(sigs(*a), sigs(*b), {})
+    assert new == 0
+    state, new = learned.learn(sigs(*b), sigs(*c), state)
+    assert new == 1
+    for _ in range(learned.UNLEARN_AFTER - 1):
+        state, _ = learned.learn(sigs(*c), sigs(*c), state)
+        assert lines_of(state)
+    state, _ = learned.learn(sigs(*c), sigs(*c), state)
+    assert state == {}  # it stopped changing: back into the prefix
 
 
 def test_a_learned_line_that_stops_changing_goes_back() -> None:
@@ -87,10 +139,56 @@ def test_an_edited_system_prompt_is_a_change_not_a_learned_line() -> None:
         "You are a booking agent.\nBe concise."
     ] * 2
     steps = run(proxy, systems)
-    # Words changed: the fingerprint too (a new session by it), and nothing is learned.
-    assert [reason for _, reason in steps] == ["new_session", "none", "new_session", "none"]
+    # Words changed: a new fingerprint, but the conversation goes on in its session (its
+    # alias: tools and first user message, and the same first exchange); nothing learned.
+    assert [reason for _, reason in steps] == ["new_session", "none", "system_changed", "none"]
     assert steps[3][0][0]["content"] == "You are a booking agent.\nBe concise."
     assert not proxy.registry.get_sample_value("prefill_proxy_volatile_lines_learned_total")
+    loaded = "prefill_proxy_sessions_loaded_total"
+    assert proxy.registry.get_sample_value(loaded, {"outcome": "continued"}) == 2
+
+
+def test_a_growing_scratchpad_costs_one_step_then_the_prefix_is_stable() -> None:
+    proxy = Proxy(CodecStore())
+    steps = run(proxy, ["\n".join(grown(step)) for step in range(6)])
+    reasons = [reason for _, reason in steps]
+    assert reasons == ["new_session", "system_changed", "none", "none", "none", "none"]
+    systems = [forwarded[0]["content"] for forwarded, _ in steps]
+    assert len(set(systems[1:])) == 1  # the block's first growth stays, the rest moves
+    for step, (forwarded, _) in enumerate(steps):
+        text = "\n".join(str(m["content"]) for m in forwarded)
+        for line in grown(step):
+            if line:
+                assert line in text  # nothing lost
+        newest = str(forwarded[-1]["content"])
+        if step >= 2:
+            assert NOTE_HEADER in newest and grown(step)[step + 2] in newest
+    loaded = "prefill_proxy_sessions_loaded_total"
+    assert proxy.registry.get_sample_value(loaded, {"outcome": "continued"}) == 5
+
+
+def test_two_conversations_with_one_head_do_not_join() -> None:
+    """Same tools and first user message, other system prompts and first replies: each
+    its own session, and neither gets the other's history restored."""
+    proxy = Proxy(CodecStore())
+    first = conversation_step("You are agent A.", 0)
+    proxy.step(first, {"role": "assistant", "content": "A here.", "reasoning_content": "a"})
+    other = conversation_step("You are agent B.", 0)
+    proxy.step(other, {"role": "assistant", "content": "B here."})
+    # B's next step, with B's system prompt changed: its own session or a new one, never A's.
+    follow = [
+        {"role": "system", "content": "You are agent B, now busy."},
+        other[1],
+        {"role": "assistant", "content": "B here."},
+        {"role": "user", "content": "Go on."},
+    ]
+    forwarded, reason = proxy.step(follow, {"role": "assistant", "content": "Done."})
+    assert reason in ("system_changed", "new_session")
+    assert forwarded[2] == {"role": "assistant", "content": "B here."}
+    # A's continuation with A's exact reply restores A's reasoning (its own history).
+    again = [first[0], first[1], {"role": "assistant", "content": "A here."}, follow[3]]
+    forwarded, reason = proxy.step(again, {"role": "assistant", "content": "Done."})
+    assert reason == "none" and forwarded[2].get("reasoning_content") == "a"
 
 
 LINE = st.text(alphabet="abcdefgh ", min_size=3, max_size=20).map(str.strip).filter(bool)
@@ -127,3 +225,47 @@ def test_any_changing_lines_leave_a_byte_stable_system_prompt(
             assert text.count(f"{lines[i]} {1000 + 100 * step + i}") == 1
         if step >= 1:
             assert NOTE_HEADER in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lines=st.lists(LINE, min_size=2, max_size=8, unique=True),
+    position=st.integers(min_value=0, max_value=8),
+    entries=st.lists(LINE, min_size=6, max_size=6, unique=True),
+)
+def test_any_growing_block_leaves_a_byte_stable_system_prompt(
+    lines: list[str], position: int, entries: list[str]
+) -> None:
+    """A block that gains a line on every step, anywhere in any prompt: from the third
+    request the forwarded system prompt is byte-stable, and every line the client's
+    prompt has is in the forwarded conversation."""
+    entries = [f"- note {entry}" for entry in entries if f"- note {entry}" not in lines]
+    at = min(position, len(lines))
+
+    def system(step: int) -> list[str]:
+        return [*lines[:at], *entries[: step + 1], *lines[at:]]
+
+    steps = len(entries)
+    proxy = Proxy(CodecStore())
+    done = run(proxy, ["\n".join(system(step)) for step in range(steps)])
+    forwarded_systems = [forwarded[0]["content"] for forwarded, _ in done]
+    assert len(set(forwarded_systems[2:])) == 1
+    for step, (forwarded, _) in enumerate(done):
+        text = "\n".join(str(m["content"]) for m in forwarded)
+        for line in system(step):
+            assert line in text
+
+
+def test_history_is_restored_while_a_block_grows_and_a_clock_ticks() -> None:
+    """A client that drops the reasoning of its history gets it restored at every step
+    while its system prompt changes in learned ways (the chain keys leave learned lines
+    out), including the step that learns."""
+    proxy = Proxy(CodecStore())
+    for step in range(6):
+        system = "\n".join([f"Step {step + 1} of 60.", *grown(step)])
+        messages = conversation_step(system, step)
+        reply = {"role": "assistant", "content": f"Answer {step}.", "reasoning_content": f"r{step}"}
+        forwarded, reason = proxy.step(messages, reply)
+        assistants = [m for m in forwarded if m.get("role") == "assistant"]
+        restored = [m.get("reasoning_content") for m in assistants]
+        assert restored == [f"r{index}" for index in range(step)], (step, reason)

@@ -212,7 +212,7 @@ class Proxy:
         turn = asyncio.run(self.tracker.open({}, request))
         assert turn is not None
         context = RewriteContext(
-            session=turn.session, volatile=self.detector, message_keys=turn.keys
+            session=turn.session, volatile=self.detector, message_keys=turn.lookup_keys
         )
         forwarded = self.pipeline.apply(request, context).request
         exchange = Exchange("/v1/chat/completions", "POST", status=200)
