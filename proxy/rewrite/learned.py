@@ -8,11 +8,12 @@ requests of one conversation, while the rest stays, is volatile by definition. T
 - A line whose text changed while its *shape* did not (its text with the patterns' values
   masked and every number made 0: a new time, count or nonce) is learned at once, by
   shape.
-- A block of new lines (inserted, or replacing lines of other shapes; at most
-  ``MAX_BLOCK``) is learned, by text, when the previous request changed the same place
-  too (next to the same line), or when it joins lines already learned: a growing
-  scratchpad is learned on its second growth and every line it gains after that. A
-  prompt edited once is learned nothing (one miss, as without the proxy).
+- Lines inserted (at most ``MAX_BLOCK`` in one place) are learned at once, by text: a
+  scratchpad or memory block that grows keeps the prefix from its first growth on.
+- Lines that replace lines of other shapes (words edited) are learned when the previous
+  request changed the same place too (next to the same line), or when they join lines
+  already learned (a status line rewritten every step). A prompt edited once is learned
+  nothing (one miss, as without the proxy).
 - A learned line whose block goes ``UNLEARN_AFTER`` requests without a change (an edit of
   a number, a block that stopped growing) is unlearned, so it goes back into the prefix:
   never a permanently moved line.
@@ -94,12 +95,12 @@ def learn(
             if tag == "equal":
                 state.values_changed(previous[i1:i2], j1)
             elif tag != "delete" and max(i2 - i1, j2 - j1) <= MAX_BLOCK:
-                state.block_changed(j1, j2)
+                state.block_changed(j1, j2, inserted=tag == "insert")
     return state.counted(), state.new
 
 
 # A changed block of at most this many lines may be learned: a scratchpad grows by a few
-# lines a step; a rewritten section is an edit.
+# lines a step; a section inserted or rewritten is an edit.
 MAX_BLOCK = 8
 _TEXT, _BEFORE, _AFTER = b"t", b"<", b">"  # key tags: block line, pending anchors
 _START, _END = b"^" * 8, b"$" * 8  # anchors at the prompt's ends
@@ -135,11 +136,11 @@ class _State:
                 self.learn(self.current[j][8:])
                 self.touch_around(j, j + 1)
 
-    def block_changed(self, j1: int, j2: int) -> None:
-        """Lines j1..j2 are new (inserted, or replacing lines of other shapes): learned when
-        the previous request changed the same place too (next to the same line), or when
-        they join lines already learned (a growing block); else that place is remembered
-        for one request. A prompt edited once is learned nothing."""
+    def block_changed(self, j1: int, j2: int, *, inserted: bool) -> None:
+        """Lines j1..j2 are new: inserted (learned at once: a block that grows), or replacing
+        lines of other shapes (an edit, as far as is known: learned when the previous
+        request changed the same place too, next to the same line); and any that join
+        lines already learned. Else the place is remembered for one request."""
         before = self.current[j1 - 1][8:] if j1 > 0 else _START
         after = self.current[j2][8:] if j2 < len(self.current) else _END
         joins = (j1 > 0 and self.is_learned(j1 - 1)) or (
@@ -149,7 +150,7 @@ class _State:
             key in self.learned and key not in self.touched
             for key in (_BEFORE + before, _AFTER + after)
         )
-        if not (joins or again):
+        if not (inserted or joins or again):
             for pending in (_BEFORE + before, _AFTER + after):
                 self.learned[pending] = 0
                 self.touched.add(pending)

@@ -45,6 +45,7 @@ class Batch:
     own_overhead_ms: list[float] = dataclasses.field(default_factory=list)
     elapsed: float = 0.0
     cpu_s: float | None = None  # CPU time of the target's process during the batch
+    untimed: int = 0  # requests sent but not timed (a session's first)
 
 
 @dataclasses.dataclass
@@ -56,11 +57,76 @@ class Target:
     # Each closed-loop worker its own conversation (X-Session-Id), instead of every
     # request one and the same session.
     session_per_worker: bool = False
+    rounds: int = 0  # batches run against it so far
 
 
 def request_body(stream: bool) -> bytes:
     messages = [{"role": "user", "content": "Say hello."}]
     return json.dumps({"model": "fake", "messages": messages, "stream": stream}).encode()
+
+
+SIZES = {"2msg": 0, "64k": 64 << 10, "256k": 256 << 10, "1m": 1 << 20}
+STEPS_PER_SESSION = 16  # requests of one session before a worker starts a new one
+
+
+class AgentSessions:
+    """Request bodies of growing agent sessions of about ``size`` bytes, as a client sends
+    them: each request is the previous one plus a tool call and its result. A dev trace's
+    system prompt and tools (14, about 9 KB), then steps of about size/64 bytes each (a
+    tool result of JSON text). Each worker runs its own session for
+    ``STEPS_PER_SESSION`` requests, then starts another (a new first user message: a new
+    fingerprint, as an agent framework's new task). A session's first request is sent
+    but not timed: the proxy has seen a real session's history grow step by step, and
+    what is measured is a step of a session it knows. Bodies are joined from pre-encoded
+    messages, so the client's own cost stays small next to the proxy's."""
+
+    def __init__(self, size: int, stream: bool) -> None:
+        from proxy.replay import traces
+
+        conversation = traces.load(traces.locate("dev"), limit=1)[0]
+        system = conversation.messages[0]
+        self.head = b'{"model":"fake","stream":%s,"tools":%s,"messages":[%s' % (
+            b"true" if stream else b"false",
+            json.dumps(conversation.tools).encode(),
+            json.dumps(system).encode(),
+        )
+        step_bytes = max(size // 64, 600)
+        self.steps: list[bytes] = []
+        total = len(self.head)
+        while total < size or len(self.steps) < STEPS_PER_SESSION:
+            self.steps.append(self._step(len(self.steps), step_bytes))
+            total += len(self.steps[-1])
+        self.base = max(len(self.steps) - STEPS_PER_SESSION, 0)
+        self.steps += [self._step(self.base + n, step_bytes) for n in range(STEPS_PER_SESSION)]
+
+    @staticmethod
+    def _step(index: int, size: int) -> bytes:
+        call_id = f"call_{index:05d}"
+        arguments = json.dumps({"reservation_id": f"R{index:05d}"})
+        call = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "get_reservation_details", "arguments": arguments},
+                }
+            ],
+        }
+        rows = [
+            {"flight": f"HAT{index:03d}", "seat": f"{n}A", "fare": 100 + n}
+            for n in range(size // 48)
+        ]
+        result = {"role": "tool", "tool_call_id": call_id, "content": json.dumps(rows)}
+        return b"," + json.dumps(call).encode() + b"," + json.dumps(result).encode()
+
+    def body(self, worker: int, number: int) -> bytes:
+        session, step = divmod(number, STEPS_PER_SESSION)
+        text = f"Task {worker}-{session}: change my flight."
+        task = json.dumps({"role": "user", "content": text})
+        steps = self.steps[: self.base + step]
+        return b"".join([self.head, b",", task.encode(), *steps, b"]}"])
 
 
 def _carries_content(buffer: bytes) -> bool:
@@ -80,6 +146,7 @@ async def _one(
     stream: bool,
     batch: Batch,
     headers: dict[str, str],
+    timed: bool = True,
 ) -> None:
     started = time.perf_counter()
     async with session.post(url, data=body, headers=headers) as r:
@@ -93,9 +160,13 @@ async def _one(
             seen, first = b"", True
             async for data in r.content.iter_any():
                 if first and _carries_content(seen := seen + data):
-                    batch.ttft.append(time.perf_counter() - started)
+                    if timed:
+                        batch.ttft.append(time.perf_counter() - started)
                     first = False
-    batch.latency.append(time.perf_counter() - started)
+    if timed:
+        batch.latency.append(time.perf_counter() - started)
+    else:
+        batch.untimed += 1
 
 
 def _cpu_seconds(pid: int | None) -> float | None:
@@ -108,20 +179,32 @@ def _cpu_seconds(pid: int | None) -> float | None:
 
 
 async def run_batch(
-    session: aiohttp.ClientSession, target: Target, stream: bool, concurrency: int, count: int
+    session: aiohttp.ClientSession,
+    target: Target,
+    stream: bool,
+    concurrency: int,
+    count: int,
+    bodies: AgentSessions | None = None,
 ) -> Batch:
-    """``count`` requests from ``concurrency`` closed-loop workers."""
+    """``count`` requests from ``concurrency`` closed-loop workers (``bodies``: growing agent
+    sessions, else one small request)."""
     url, body, batch = target.url + CHAT, request_body(stream), Batch()
     remaining = count
+    target.rounds += 1
 
     async def worker(index: int) -> None:
         nonlocal remaining
         headers = {"content-type": "application/json"}
         if target.session_per_worker:
             headers["x-session-id"] = f"bench-{index}"
+        sent = 0
         while remaining > 0:
             remaining -= 1
-            await _one(session, url, body, stream, batch, headers)
+            # A worker's sessions are new in every round.
+            data = body if bodies is None else bodies.body(index + 1000 * target.rounds, sent)
+            timed = bodies is None or sent % STEPS_PER_SESSION > 0
+            sent += 1
+            await _one(session, url, data, stream, batch, headers, timed)
 
     cpu_before, started = _cpu_seconds(target.pid), time.perf_counter()
     await asyncio.gather(*(worker(index) for index in range(concurrency)))
@@ -132,7 +215,12 @@ async def run_batch(
 
 
 async def measure_cell(
-    targets: list[Target], stream: bool, concurrency: int, requests: int, rounds: int
+    targets: list[Target],
+    stream: bool,
+    concurrency: int,
+    requests: int,
+    rounds: int,
+    bodies: AgentSessions | None = None,
 ) -> None:
     """Warm up a fresh keep-alive pool per target, then alternate rounds between targets
     (reversing the order every other round)."""
@@ -143,10 +231,12 @@ async def measure_cell(
     try:
         for target, session in pairs:
             target.batches = []
-            await run_batch(session, target, stream, concurrency, max(4 * concurrency, 100))
+            warm = max(4 * concurrency, 100)
+            await run_batch(session, target, stream, concurrency, warm, bodies)
         for index in range(rounds):
             for target, session in pairs if index % 2 == 0 else reversed(pairs):
-                batch = await run_batch(session, target, stream, concurrency, requests // rounds)
+                count = requests // rounds
+                batch = await run_batch(session, target, stream, concurrency, count, bodies)
                 target.batches.append(batch)
     finally:
         for _, session in pairs:
@@ -163,7 +253,7 @@ def percentile(values: list[float], q: float) -> float:
 def summarize(target: Target, metric: str) -> dict[str, Any]:
     """p50/p99 in ms of ``metric`` (latency or ttft) over all rounds, and per round."""
     values = [v for b in target.batches for v in getattr(b, metric)]
-    count = sum(len(b.latency) for b in target.batches)
+    count = sum(len(b.latency) + b.untimed for b in target.batches)
     cpus = [b.cpu_s for b in target.batches if b.cpu_s is not None]
     result: dict[str, Any] = {
         "p50_ms": percentile(values, 50) * 1000,
@@ -236,7 +326,10 @@ def serve_upstream(port: int) -> None:
     from tests.support.fake_upstream import FakeUpstream
 
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # before FakeUpstream makes a loop
-    with FakeUpstream(port=port, record=False) as upstream, contextlib.suppress(KeyboardInterrupt):
+    # A context of 1M tokens, as long-context models serve agents: the biggest sessions
+    # measured (1 MB, about 300k tokens) fit, so compaction is planned but never needed.
+    upstream = FakeUpstream(port=port, record=False, max_model_len=1 << 20)
+    with upstream, contextlib.suppress(KeyboardInterrupt):
         print(upstream.url, flush=True)
         signal.pause()
 
@@ -248,6 +341,13 @@ def parse_args() -> argparse.Namespace:
     add("--rounds", type=int, default=8, help="alternating direct/proxy rounds per cell")
     add("--concurrency", default="1,64", help="comma-separated concurrencies (default 1,64)")
     add("--modes", default="non-stream,stream", help="comma-separated: non-stream, stream")
+    add(
+        "--sizes",
+        default="2msg",
+        help="comma-separated request sizes: 2msg (one short message), or growing agent "
+        "sessions of about 64k, 256k, 1m bytes (default 2msg)",
+    )
+    add("--passthrough", action="store_true", help="also measure a bare FastAPI + aiohttp relay")
     add("--json", metavar="OUT", type=Path, help="also write the figures to this file")
     add("--upstream-url", help="use this running upstream instead of starting one")
     add(
@@ -262,15 +362,59 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-async def measure(args: argparse.Namespace, direct: Target, proxy: Target) -> list[dict]:
+async def measure(args: argparse.Namespace, direct: Target, others: list[Target]) -> list[dict]:
     rows = []
-    for mode in args.modes.split(","):
-        for concurrency in (int(c) for c in args.concurrency.split(",")):
+    for size in args.sizes.split(","):
+        bodies = None
+        for mode in args.modes.split(","):
             stream = mode.strip() == "stream"
-            await measure_cell([direct, proxy], stream, concurrency, args.requests, args.rounds)
-            rows += cell_rows(stream, concurrency, direct, proxy)
-            print(f"measured {mode} c={concurrency}", file=sys.stderr, flush=True)
+            if SIZES[size]:
+                bodies = AgentSessions(SIZES[size], stream)
+            for concurrency in (int(c) for c in args.concurrency.split(",")):
+                targets = [direct, *others]
+                await measure_cell(targets, stream, concurrency, args.requests, args.rounds, bodies)
+                for target in others:
+                    for row in cell_rows(stream, concurrency, direct, target):
+                        row.update(size=size, target=target.name)
+                        rows.append(row)
+                print(f"measured {size} {mode} c={concurrency}", file=sys.stderr, flush=True)
     return rows
+
+
+def compared(rows: list[dict]) -> str:
+    """Proxy against the passthrough, cell by cell: added p50 (over direct), their ratio,
+    throughput and CPU per request."""
+    cells: dict[tuple[str, str, int, str], dict[str, dict]] = {}
+    for row in rows:
+        key = (row["size"], row["mode"], row["concurrency"], row["metric"])
+        cells.setdefault(key, {})[row["target"]] = row
+    head = "| request | mode | c | metric | passthrough added p50 | proxy added p50 | ratio "
+    head += "| req/s passthrough / proxy | CPU/req passthrough / proxy |"
+    lines = [head, "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for (size, mode, concurrency, metric), by in cells.items():
+        if "passthrough" not in by or "proxy" not in by:
+            continue
+        bare, ours = by["passthrough"], by["proxy"]
+        ratio = ours["added_p50_ms"] / bare["added_p50_ms"] if bare["added_p50_ms"] > 0 else 0
+        cpu = [r["proxy"].get("cpu_ms_per_request") for r in (bare, ours)]
+        cpu_text = " / ".join("-" if c is None else f"{c:.2f} ms" for c in cpu)
+        rates = f"{bare['proxy']['req_per_s']:,.0f} / {ours['proxy']['req_per_s']:,.0f}"
+        lines.append(
+            f"| {size} | {mode} | {concurrency} | {metric} | {bare['added_p50_ms']:+.2f} ms "
+            f"| {ours['added_p50_ms']:+.2f} ms | {ratio:.2f}x | {rates} | {cpu_text} |"
+        )
+    return "\n".join(lines)
+
+
+def resident_mb(pid: int | None) -> float | None:
+    """A process's resident memory (VmRSS), MB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 def report(args: argparse.Namespace, env: dict[str, Any], rows: list[dict]) -> None:
@@ -281,7 +425,15 @@ def report(args: argparse.Namespace, env: dict[str, Any], rows: list[dict]) -> N
         "Client, proxy and upstream share the cores: at c=64 the CPU is saturated, so added "
         "latency there is mostly queueing (about c x the proxy's CPU per request). Times in ms.\n"
     )
-    print(markdown(rows), flush=True)
+    for target in dict.fromkeys(r["target"] for r in rows):
+        print(f"\n**{target}** against direct\n")
+        print(markdown([r for r in rows if r["target"] == target]), flush=True)
+    if any(r["target"] == "passthrough" for r in rows):
+        print("\n**proxy against the passthrough**\n")
+        print(compared(rows), flush=True)
+    if memory := env.get("resident_mb"):
+        figures = ", ".join(f"{k} {v:.0f} MB" for k, v in memory.items())
+        print(f"\nresident memory after the run: {figures}")
     if args.json:
         options = {k: str(v) for k, v in vars(args).items()}
         figures = {"environment": env, "options": options, "rows": rows}
@@ -322,8 +474,16 @@ def main() -> int:
         else:
             wait_ready(proxy_url.rstrip("/") + "/health", None)
         direct = Target("direct", upstream_url.rstrip("/"), None)
-        proxy = Target("proxy", proxy_url.rstrip("/"), proxy_pid)
-        rows = uvloop.run(measure(args, direct, proxy))
+        others = [Target("proxy", proxy_url.rstrip("/"), proxy_pid)]
+        if args.passthrough:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            command = ["tests.benchmarks.passthrough", str(port), upstream_url]
+            process = stack.enter_context(spawn(command, url + "/health", cwd=str(ROOT)))
+            others.insert(0, Target("passthrough", url, process.pid))
+        rows = uvloop.run(measure(args, direct, others))
+        memory = {t.name: resident_mb(t.pid) for t in others}
+        env["resident_mb"] = {k: v for k, v in memory.items() if v is not None}
     report(args, env, rows)
     return 0
 

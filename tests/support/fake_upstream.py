@@ -103,8 +103,16 @@ def completion_body() -> bytes:
 class FakeUpstream:
     """Runs on its own event loop in a thread; ``url`` is set once it listens."""
 
-    def __init__(self, *, token_delay: float = 0.0, port: int = 0, record: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        token_delay: float = 0.0,
+        port: int = 0,
+        record: bool = True,
+        max_model_len: int = 8192,
+    ) -> None:
         self.token_delay = token_delay
+        self.max_model_len = max_model_len  # the context /v1/models reports
         self.port = port  # 0: any free port
         self.record = record
         self.received: list[Received] = []
@@ -216,7 +224,9 @@ class FakeUpstream:
             body = json.dumps(
                 {
                     "object": "list",
-                    "data": [{"id": "fake", "object": "model", "max_model_len": 8192}],
+                    "data": [
+                        {"id": "fake", "object": "model", "max_model_len": self.max_model_len}
+                    ],
                 }
             ).encode()
             await _send(writer, 200, "application/json", body)

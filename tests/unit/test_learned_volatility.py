@@ -45,27 +45,46 @@ def grown(step: int, notes: list[str] = NOTES) -> list[str]:
     return ["You are an agent.", "## Scratchpad", *notes[: step + 1], "", "Be brief."]
 
 
-def test_a_growing_block_is_learned_on_its_second_growth_and_keeps_growing() -> None:
+def test_a_growing_block_is_learned_from_its_first_growth() -> None:
     state: dict[bytes, int] = {}
     learned_by_step = []
     for step in range(1, 5):
         state, new = learned.learn(sigs(*grown(step - 1)), sigs(*grown(step)), state)
         learned_by_step.append(new)
-    assert learned_by_step == [0, 1, 1, 1]  # the first growth is an edit, as far as known
+    assert learned_by_step == [1, 1, 1, 1]
     test = learned.learned_line(state, MASK)
     assert test is not None
     moved = [line for line in grown(4) if test(line)]
-    assert moved == ["user said charlie", "user said delta", "user said echo"]
+    assert moved == NOTES[1:5]  # the first line was there from the start: it stays
 
 
-def test_an_insertion_made_once_is_not_learned_nor_a_blank_line() -> None:
+def test_an_inserted_line_goes_back_when_nothing_more_is_inserted() -> None:
+    """An instruction inserted once is learned (it might be a block's first growth), and
+    goes back into the prefix after UNLEARN_AFTER requests without a change: never a
+    permanently moved line."""
     base = ["You are an agent.", "Be brief."]
-    state, new = learned.learn(sigs(*base), sigs(base[0], "Use metric units.", base[1]), {})
+    added = sigs(base[0], "Use metric units.", base[1])
+    state, new = learned.learn(sigs(*base), added, {})
+    assert new == 1
+    for _ in range(learned.UNLEARN_AFTER - 1):
+        state, _ = learned.learn(added, added, state)
+        assert lines_of(state)
+    state, _ = learned.learn(added, added, state)
+    assert state == {}
+
+
+def test_an_edit_made_once_is_not_learned_nor_a_blank_line() -> None:
+    a = sigs("You are an agent.", "Status: idle", "Be brief.")
+    b = sigs("You are an agent.", "Status: on a call", "Be brief.")
+    state, new = learned.learn(a, b, {})
     assert new == 0
-    same = sigs(base[0], "Use metric units.", base[1])
-    state, _ = learned.learn(same, same, state)
+    state, _ = learned.learn(b, b, state)
     assert state == {}  # the place is remembered for one request only
-    # Blank lines inserted at one place twice: the place is learned, the blanks never.
+    # Blank lines inserted twice at one place are never learned.
+    blanks = ["a", "", "", "b"]
+    learnable = [learned.learnable(line) for line in blanks]
+    state, new = learned.learn(sigs("a", "", "b"), sigs(*blanks), {}, learnable)
+    assert new == 0 and lines_of(state) == set()
     lines = [learned.learnable(line) for line in ("", "a", "", "---")]
     assert lines == [False, True, False, False]
 
@@ -148,20 +167,20 @@ def test_an_edited_system_prompt_is_a_change_not_a_learned_line() -> None:
     assert proxy.registry.get_sample_value(loaded, {"outcome": "continued"}) == 2
 
 
-def test_a_growing_scratchpad_costs_one_step_then_the_prefix_is_stable() -> None:
+def test_a_growing_scratchpad_keeps_the_prefix_from_its_first_growth() -> None:
     proxy = Proxy(CodecStore())
     steps = run(proxy, ["\n".join(grown(step)) for step in range(6)])
     reasons = [reason for _, reason in steps]
-    assert reasons == ["new_session", "system_changed", "none", "none", "none", "none"]
+    assert reasons == ["new_session", "none", "none", "none", "none", "none"]
     systems = [forwarded[0]["content"] for forwarded, _ in steps]
-    assert len(set(systems[1:])) == 1  # the block's first growth stays, the rest moves
+    assert len(set(systems)) == 1  # the block's first line stays, what it gains moves
     for step, (forwarded, _) in enumerate(steps):
         text = "\n".join(str(m["content"]) for m in forwarded)
         for line in grown(step):
             if line:
                 assert line in text  # nothing lost
         newest = str(forwarded[-1]["content"])
-        if step >= 2:
+        if step >= 1:
             assert NOTE_HEADER in newest and grown(step)[step + 2] in newest
     loaded = "prefill_proxy_sessions_loaded_total"
     assert proxy.registry.get_sample_value(loaded, {"outcome": "continued"}) == 5
@@ -236,8 +255,8 @@ def test_any_changing_lines_leave_a_byte_stable_system_prompt(
 def test_any_growing_block_leaves_a_byte_stable_system_prompt(
     lines: list[str], position: int, entries: list[str]
 ) -> None:
-    """A block that gains a line on every step, anywhere in any prompt: from the third
-    request the forwarded system prompt is byte-stable, and every line the client's
+    """A block that gains a line on every step, anywhere in any prompt: the forwarded
+    system prompt is byte-stable from the first request, and every line the client's
     prompt has is in the forwarded conversation."""
     entries = [f"- note {entry}" for entry in entries if f"- note {entry}" not in lines]
     at = min(position, len(lines))
@@ -249,7 +268,7 @@ def test_any_growing_block_leaves_a_byte_stable_system_prompt(
     proxy = Proxy(CodecStore())
     done = run(proxy, ["\n".join(system(step)) for step in range(steps)])
     forwarded_systems = [forwarded[0]["content"] for forwarded, _ in done]
-    assert len(set(forwarded_systems[2:])) == 1
+    assert len(set(forwarded_systems)) == 1
     for step, (forwarded, _) in enumerate(done):
         text = "\n".join(str(m["content"]) for m in forwarded)
         for line in system(step):
