@@ -11,7 +11,7 @@ from typing import Any
 
 from proxy import jsonio
 from proxy.sessions import Session
-from proxy.transcript import Mask, chain_keys, exact_chain, next_key
+from proxy.transcript import Mask, Memo, chain_keys, exact_chain, exact_chain_after, next_key
 
 REASONS = (
     "new_session",
@@ -37,10 +37,16 @@ def tools_digest(tools: Any) -> bytes:
     return hashlib.blake2b(jsonio.dumps_canonical(tools), digest_size=16).digest()
 
 
-def classify(session: Session | None, messages: Sequence[Any], tools: Any) -> Continuity:
+def classify(
+    session: Session | None,
+    messages: Sequence[Any],
+    tools: Any,
+    chain: Sequence[bytes] | None = None,
+) -> Continuity:
+    """``chain``: ``exact_chain(messages)``, if already computed."""
     if session is None or not session.last_chain:
         return Continuity("new_session", 0, 0)
-    chain = exact_chain(messages)
+    chain = exact_chain(messages) if chain is None else chain
     matched = 0
     for now, before in zip(chain, session.last_chain, strict=False):
         if now != before:
@@ -69,12 +75,15 @@ def remember(
     mask: Mask | None,
     keys: Sequence[bytes] | None = None,
     rewritten: Sequence[Any] | None = None,
+    forwarded_chain: Sequence[bytes] | None = None,
+    memo: Memo | None = None,
 ) -> None:
     """After a reply: record what was sent in place of each client message, and the reply
     as emitted, so the next request's history can be restored to exactly these bytes.
     ``keys``: the client messages' chain keys, if already computed. ``rewritten``: the
     pipeline's messages, one per client message, when compaction made ``forwarded``
-    shorter (compaction keeps its own record, proxy.compaction)."""
+    shorter (compaction keeps its own record, proxy.compaction). ``forwarded_chain``:
+    ``exact_chain(forwarded)``, if already computed; ``memo``: the conversation's digests."""
     keys = list(keys) if keys is not None else chain_keys(client_messages, mask)
     rewritten = forwarded if rewritten is None else rewritten
     if len(rewritten) == len(client_messages):
@@ -83,11 +92,13 @@ def remember(
             # the newest message); restoring an old one would hide the new values.
             if sent != given and not _is_system(given):
                 session.substitute(key, sent)
-    sent_all = list(forwarded)
+    if forwarded_chain is None or len(forwarded_chain) != len(forwarded):
+        forwarded_chain = exact_chain(forwarded, memo)
+    chain = list(forwarded_chain)
     if reply is not None:
-        session.substitute(next_key(keys[-1] if keys else None, reply, mask), reply)
-        sent_all.append(reply)
-    session.last_chain = tuple(exact_chain(sent_all))
+        session.substitute(next_key(keys[-1] if keys else None, reply, mask, memo), reply)
+        chain += exact_chain_after(chain[-1] if chain else None, [reply], memo)
+    session.last_chain = tuple(chain)
     session.last_tools = tools_digest(tools)
     session.last_prompt_tokens = prompt_tokens
     session.last_completion_tokens = completion_tokens

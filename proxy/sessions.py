@@ -54,10 +54,10 @@ class Session:
         default_factory=collections.OrderedDict
     )
     pinned_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # The volatile system-prompt lines last moved into a note (proxy.rewrite.volatile),
-    # and the key of the client message that carries that note.
+    # The volatile system-prompt lines the history's notes carry (proxy.rewrite.volatile),
+    # and the keys of the client messages that carry those notes, oldest first.
     last_note_lines: tuple[str, ...] = ()
-    note_carrier: bytes | None = None
+    note_carriers: tuple[bytes, ...] = ()
     # The previous request's system text (a digest, and a signature per line), and the line
     # shapes learned volatile from it, each with the requests since it last changed
     # (proxy.rewrite.learned).

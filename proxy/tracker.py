@@ -8,6 +8,7 @@ store sees them. Failing open: a store error costs the session, not the request.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import hashlib
 import logging
@@ -22,9 +23,9 @@ from proxy.metrics import Metrics
 from proxy.rewrite import learned
 from proxy.rewrite.learned import SOURCE_ROLES
 from proxy.rewrite.template_kwargs import pinnable
-from proxy.rewrite.volatile import VolatileDetector, note_target, volatile_lines
+from proxy.rewrite.volatile import VolatileDetector, note_target, said_before, volatile_lines
 from proxy.sessions import Session, SessionStore, fingerprint, identify
-from proxy.transcript import chain_keys, next_key
+from proxy.transcript import Memo, chain_keys, exact_chain, next_key
 
 log = logging.getLogger("prefill_proxy.sessions")
 
@@ -68,6 +69,10 @@ class Turn:
     alias: str = ""
     # The keys restoration looks history up by (proxy.tracker._history_keys).
     lookup_keys: list[bytes] = dataclasses.field(default_factory=list)
+    # The conversation's message digests (proxy.transcript.Memo), and the exact chain of
+    # the forwarded messages once computed.
+    memo: Memo | None = None
+    forwarded_chain: list[bytes] | None = None
     recorded: bool = False
 
 
@@ -87,7 +92,11 @@ def _leading_system(messages: Sequence[Any]) -> int:
 
 
 def _history_keys(
-    session: Session, messages: Sequence[Any], keys: list[bytes], mask: Callable[[str], str]
+    session: Session,
+    messages: Sequence[Any],
+    keys: list[bytes],
+    mask: Callable[[str], str],
+    memo: Memo | None = None,
 ) -> list[bytes]:
     """The keys to look the session's recorded history up by: ``keys``, or, where the
     system prompt changed since the session's previous request (an edit, a line learned
@@ -100,9 +109,34 @@ def _history_keys(
     continued = keys[:lead]
     previous = session.system_key
     for message in messages[lead:]:
-        previous = next_key(previous, message, mask)
+        previous = next_key(previous, message, mask, memo)
         continued.append(previous)
     return continued if _recorded(session, continued) > _recorded(session, keys) else keys
+
+
+class Memos:
+    """Each recent session's message digests, in this process only (a request of a session
+    that lands on another replica computes what it lacks), bounded by digests held (about
+    150 bytes each): least recently used sessions dropped. ``limit`` 0: no memos."""
+
+    def __init__(self, limit: int = 1 << 17) -> None:
+        self._limit = limit
+        self._held = 0
+        self._memos: collections.OrderedDict[str, dict[int, list[bytes | None]]] = (
+            collections.OrderedDict()
+        )
+
+    def get(self, key: str) -> dict[int, list[bytes | None]] | None:
+        return self._memos.get(key)
+
+    def keep(self, key: str, memo: Memo | None) -> None:
+        if memo is None or not self._limit:
+            return
+        kept = memo.kept()
+        self._held += len(kept) - len(self._memos.pop(key, {}))
+        self._memos[key] = kept
+        while self._held > self._limit and self._memos:
+            self._held -= len(self._memos.popitem(last=False)[1])
 
 
 class ReplyListener(Protocol):
@@ -124,6 +158,7 @@ class SessionTracker:
         detector: VolatileDetector,
         metrics: Metrics,
         listeners: Sequence[ReplyListener] = (),
+        memo_limit: int = 1 << 17,
     ) -> None:
         self.store = store
         self.detector = detector
@@ -133,6 +168,7 @@ class SessionTracker:
         self.on_open: list[Callable[[str], None]] = []
         self._failures = FailOpenLog(log)
         self._applying: set[asyncio.Task[bool]] = set()
+        self._memos = Memos(memo_limit)
         metrics.sessions_active.set_function(lambda: store.held() or 0)
 
     def post(self, key: str, change: Change) -> None:
@@ -200,12 +236,13 @@ class SessionTracker:
         # Keys leave learned lines out (a learned block grows without changing them).
         mask = self._mask(session.learned)
         try:
-            keys = chain_keys(messages, mask)
-            lookup = _history_keys(session, messages, keys, mask)
+            memo = Memo(self._memos.get(session.key))
+            keys = chain_keys(messages, mask, memo)
+            lookup = _history_keys(session, messages, keys, mask, memo)
         except InvalidJSON as exc:  # fail open: a body too odd to key goes on as sent
             self._failures.failed("session keys", exc)
             return None
-        turn = Turn(session, messages, keys, mask=mask, alias=alias, lookup_keys=lookup)
+        turn = Turn(session, messages, keys, mask=mask, alias=alias, lookup_keys=lookup, memo=memo)
         turn.learned, turn.learned_moved = new, moved
         if new:
             self._metrics.volatile_lines_learned.inc(new)
@@ -278,7 +315,10 @@ class SessionTracker:
             exchange.expected_cached = 0
             return
         try:
-            continuity = prefix.classify(turn.session, turn.forwarded_messages, turn.tools)
+            turn.forwarded_chain = exact_chain(turn.forwarded_messages, turn.memo)
+            continuity = prefix.classify(
+                turn.session, turn.forwarded_messages, turn.tools, turn.forwarded_chain
+            )
         except Exception as exc:  # fail open: a metric is not worth a request
             self._failures.failed("prefix continuity", exc)
             self._metrics.session_errors.inc()
@@ -294,9 +334,20 @@ class SessionTracker:
         # The lines this request's note carried: learned by the turn's own record.
         lines = volatile_lines(turn.client_messages, self.detector, turn.session)
         target = note_target(turn.client_messages)
-        if lines != session.last_note_lines and target is not None:
-            session.last_note_lines = lines
-            session.note_carrier = turn.keys[target]
+        if target is None or not lines:
+            return
+        said = said_before(turn.session, turn.lookup_keys, target)
+        carriers = turn.session.note_carriers
+        if turn.lookup_keys is not turn.keys:  # found by the keys of the prompt before
+            renamed = dict(zip(turn.lookup_keys, turn.keys, strict=False))
+            carriers = tuple(renamed.get(key, key) for key in carriers)
+        session.note_carriers = carriers
+        if all(line in said for line in lines):
+            return  # no note: the history's notes say it all
+        key = turn.keys[target]
+        # A note of the new lines joins the notes before it; a full note starts again.
+        session.note_carriers = (*carriers, key) if said else (key,)
+        session.last_note_lines = lines  # all of them in the history's notes from now on
 
     async def close(self, turn: Turn, exchange: Exchange) -> None:
         """After the reply: remember it (only a complete, successful one; once), let the
@@ -335,7 +386,10 @@ class SessionTracker:
             mask=turn.mask,
             keys=turn.keys,
             rewritten=turn.rewritten_messages,
+            forwarded_chain=turn.forwarded_chain,
+            memo=turn.memo,
         )
+        self._memos.keep(session.key, turn.memo)
         calls = exchange.reply.get("tool_calls")
         session.last_reply_tool_calls = len(calls) if isinstance(calls, list) else 0
         session.warmed = False

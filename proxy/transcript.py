@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from proxy import jsonio
 
 Mask = Callable[[str], str]
 
-_ROOT = b"prefill-proxy/transcript/v1"
+_ROOT = b"prefill-proxy/transcript/v2"  # v2: chains of per-message digests
 
 
 def _text(content: Any) -> Any:
@@ -75,33 +75,116 @@ def normal_form(message: Any, mask: Mask | None = None) -> Any:
     return form
 
 
-def _digest(previous: bytes, form: Any) -> bytes:
-    return hashlib.blake2b(previous + jsonio.dumps_canonical(form), digest_size=16).digest()
+def _link(previous: bytes, digest: bytes) -> bytes:
+    return hashlib.blake2b(previous + digest, digest_size=16).digest()
 
 
-def chain_keys(messages: Sequence[Any], mask: Mask | None = None) -> list[bytes]:
+def _hash(encoded: bytes) -> bytes:
+    return hashlib.blake2b(encoded, digest_size=16).digest()
+
+
+def normal_digest(message: Any, mask: Mask | None = None) -> bytes:
+    return _hash(jsonio.dumps_canonical(normal_form(message, mask)))
+
+
+def exact_digest(message: Any) -> bytes:
+    return _hash(jsonio.dumps_canonical(message))
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` (parsed JSON) as a hashable value equal for equal JSON, key order aside."""
+    if isinstance(value, dict):
+        return frozenset((key, _frozen(item)) for key, item in value.items())
+    if isinstance(value, list):
+        return tuple(_frozen(item) for item in value)
+    return (type(value), value) if isinstance(value, bool | float) else value
+
+
+class Memo:
+    """A conversation's message digests, carried from one of its requests to the next
+    (proxy.tracker keeps one per session in this process): a message sent again is found
+    by Python's hash of its content (C speed, a few times cheaper than encoding it
+    canonically and hashing that) instead of being encoded again. Per conversation, so a
+    64-bit hash only ever tells apart one conversation's messages; the digests are the
+    same as without it (tests/unit/test_transcript_memo.py). System and developer messages
+    are never memoized for keys: their key form depends on the session's mask."""
+
+    def __init__(self, previous: Mapping[int, list[bytes | None]] | None = None) -> None:
+        self._previous = previous or {}
+        self._seen: dict[int, list[bytes | None]] = {}  # what this request's messages use
+        self._by_id: dict[int, tuple[Any, int]] = {}  # object id -> (object, content hash)
+
+    def _entry(self, message: Any) -> list[bytes | None]:
+        known = self._by_id.get(id(message))
+        if known is not None and known[0] is message:
+            content = known[1]
+        else:
+            content = hash(_frozen(message))
+            self._by_id[id(message)] = (message, content)
+        entry = self._seen.get(content)
+        if entry is None:
+            entry = self._seen[content] = list(self._previous.get(content) or (None, None))
+        return entry
+
+    def exact(self, message: Any) -> bytes:
+        entry = self._entry(message)
+        digest = entry[0]
+        if digest is None:
+            digest = entry[0] = exact_digest(message)
+        return digest
+
+    def normal(self, message: Any, mask: Mask | None) -> bytes:
+        if isinstance(message, dict) and message.get("role") in ("system", "developer"):
+            return normal_digest(message, mask)
+        entry = self._entry(message)
+        digest = entry[1]
+        if digest is None:
+            digest = entry[1] = normal_digest(message, mask)
+        return digest
+
+    def kept(self) -> dict[int, list[bytes | None]]:
+        """The digests this request's messages used: the next request's ``previous``."""
+        return self._seen
+
+
+def _normal(message: Any, mask: Mask | None, memo: Memo | None) -> bytes:
+    return memo.normal(message, mask) if memo is not None else normal_digest(message, mask)
+
+
+def chain_keys(
+    messages: Sequence[Any], mask: Mask | None = None, memo: Memo | None = None
+) -> list[bytes]:
     """Key i identifies messages[0..i] up to form changes."""
     keys: list[bytes] = []
     previous = _ROOT
     for message in messages:
-        previous = _digest(previous, normal_form(message, mask))
+        previous = _link(previous, _normal(message, mask, memo))
         keys.append(previous)
     return keys
 
 
-def next_key(previous: bytes | None, message: Any, mask: Mask | None = None) -> bytes:
+def next_key(
+    previous: bytes | None, message: Any, mask: Mask | None = None, memo: Memo | None = None
+) -> bytes:
     """The key a message appended after ``previous`` will have."""
-    return _digest(previous or _ROOT, normal_form(message, mask))
+    return _link(previous or _ROOT, _normal(message, mask, memo))
 
 
-def exact_chain(messages: Sequence[Any]) -> list[bytes]:
+def exact_chain(messages: Sequence[Any], memo: Memo | None = None) -> list[bytes]:
     """Hashes of the exact values: message i's covers messages 0..i (prefix comparison).
     Key order is left out: chat templates read fields by name, so it never reaches the
     prompt (clients re-order keys freely, e.g. pydantic's model_dump)."""
+    return exact_chain_after(None, messages, memo)
+
+
+def exact_chain_after(
+    previous_hash: bytes | None, messages: Sequence[Any], memo: Memo | None = None
+) -> list[bytes]:
+    """``exact_chain`` of messages that follow the one whose hash is ``previous_hash``."""
     hashes: list[bytes] = []
-    previous = _ROOT
+    previous = previous_hash or _ROOT
     for message in messages:
-        encoded = jsonio.dumps_canonical(message)
-        previous = hashlib.blake2b(previous + encoded, digest_size=16).digest()
+        digest = memo.exact(message) if memo is not None else exact_digest(message)
+        previous = _link(previous, digest)
         hashes.append(previous)
     return hashes

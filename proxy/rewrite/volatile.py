@@ -215,19 +215,36 @@ def move_volatile(request: Request, context: RewriteContext) -> Request | None:
                 moved += lines
     if not moved:
         return None
-    session = context.session
-    if (
-        session is not None
-        and tuple(moved) == session.last_note_lines
-        and context.key_of(target) != session.note_carrier
-    ):
-        # Unchanged since the last note, which the session's history still carries (it
-        # is restored with the message it was added to): no need to say it again. (A
-        # retried request, whose newest message carried that note, gets it again.)
+    said = said_before(context.session, context.message_keys, target)
+    new = [line for line in moved if line not in said]
+    if not new:
+        # Unchanged since the notes the session's history still carries (each restored
+        # with the message it was added to): no need to say it again.
         return {**request, "messages": rewritten}
     carrier = rewritten[target]
-    rewritten[target] = {**carrier, "content": _append(carrier["content"], note_for(moved))}
+    rewritten[target] = {**carrier, "content": _append(carrier["content"], note_for(new))}
     return {**request, "messages": rewritten}
+
+
+MAX_NOTE_CARRIERS = 64  # notes one after another before a note says every line again
+
+
+def said_before(session: Any, keys: Sequence[bytes], target: int) -> frozenset[str]:
+    """The moved lines this request's history already carries in notes: the session's
+    lines, if every message that carried one of its notes is still in the history before
+    ``target`` (a client that trimmed its history, a retried request whose newest message
+    carried the last note, a compacted session: none). A note says only what is new: a
+    block that grows by a line a step adds that line, not the whole block again."""
+    carriers = getattr(session, "note_carriers", ())
+    if not carriers or len(carriers) >= MAX_NOTE_CARRIERS:
+        return frozenset()
+    compaction = getattr(session, "compaction", None)
+    if compaction is not None and compaction.cut_key is not None:
+        return frozenset()  # folded turns may have taken notes with them
+    history = set(keys[:target])
+    if any(carrier not in history for carrier in carriers):
+        return frozenset()
+    return frozenset(session.last_note_lines)
 
 
 def volatile_lines(

@@ -288,3 +288,22 @@ def test_history_is_restored_while_a_block_grows_and_a_clock_ticks() -> None:
         assistants = [m for m in forwarded if m.get("role") == "assistant"]
         restored = [m.get("reasoning_content") for m in assistants]
         assert restored == [f"r{index}" for index in range(step)], (step, reason)
+
+
+def test_a_note_says_only_what_the_history_does_not_carry_yet() -> None:
+    """A growing block: each step's note carries the line it gained, not the whole block
+    again (the notes before are in the history); a client that dropped the messages that
+    carried the notes gets every line again."""
+    proxy = Proxy(CodecStore())
+    steps = run(proxy, ["\n".join(grown(step)) for step in range(5)])
+    for step, (forwarded, _) in enumerate(steps[1:], start=1):
+        newest = str(forwarded[-1]["content"])
+        note = newest.split(NOTE_HEADER, 1)[1].strip().split("\n")
+        assert note == [NOTES[step]]  # the gained line only
+    # The client keeps its first exchange and the newest message: the notes are gone
+    # with the rest, so the note says it all.
+    trimmed = conversation_step("\n".join(grown(5)), 5)
+    trimmed = [*trimmed[:3], trimmed[-1]]
+    forwarded, _ = proxy.step(trimmed, {"role": "assistant", "content": "Answer 5."})
+    note = str(forwarded[-1]["content"]).split(NOTE_HEADER, 1)[1].strip().split("\n")
+    assert note == NOTES[1:6]

@@ -43,7 +43,7 @@ sessions = st.builds(
     substitutions=st.dictionaries(keys, message, max_size=4).map(collections.OrderedDict),
     pinned_template_kwargs=st.dictionaries(text, json_value, max_size=3),
     last_note_lines=st.lists(text, max_size=3).map(tuple),
-    note_carrier=st.none() | keys,
+    note_carriers=st.lists(keys, max_size=3).map(tuple),
     system_digest=st.binary(max_size=16),
     system_lines=st.lists(st.binary(min_size=16, max_size=16), max_size=4).map(tuple),
     learned=st.dictionaries(st.binary(min_size=8, max_size=8), st.integers(0, 20), max_size=3),

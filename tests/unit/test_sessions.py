@@ -188,7 +188,7 @@ def test_substitutions_per_session_are_bounded(monkeypatch: pytest.MonkeyPatch) 
 class Proxy:
     """The session side of the proxy in process: lookup, pipeline, continuity, recording."""
 
-    def __init__(self, store: Any = None) -> None:
+    def __init__(self, store: Any = None, memo_limit: int = 1 << 17) -> None:
         from prometheus_client import CollectorRegistry
 
         from proxy import config
@@ -202,7 +202,10 @@ class Proxy:
         self.pipeline = Pipeline(default_transforms(config.Settings()))
         self.registry = CollectorRegistry()
         self.tracker = SessionTracker(
-            store or MemoryStore(10, 60), self.detector, Metrics(self.registry)
+            store or MemoryStore(10, 60),
+            self.detector,
+            Metrics(self.registry),
+            memo_limit=memo_limit,
         )
 
     def step(self, messages: list, reply: dict, *, usage: bool = True) -> tuple[list, str]:
