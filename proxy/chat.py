@@ -105,6 +105,8 @@ class ChatCall(Call):
         exchange.model = str(payload.get("model") or "")
         exchange.stream = streams(payload.get("stream"))
         self.turn = await self.open_session(payload)
+        if self.turn is not None:
+            self.turn.body_bytes = len(body)
         forwarded = self.rewrite(payload)
         forwarded = await self.compact(forwarded)
         forwarded = self.ask_for_usage(forwarded)

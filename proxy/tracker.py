@@ -73,6 +73,7 @@ class Turn:
     # the forwarded messages once computed.
     memo: Memo | None = None
     forwarded_chain: list[bytes] | None = None
+    body_bytes: int = 0  # the client's body, as received
     recorded: bool = False
 
 

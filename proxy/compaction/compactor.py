@@ -27,7 +27,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from proxy.compaction.budget import Budget, ContextLimits, Sizer
+from proxy import jsonio
+from proxy.compaction.budget import PER_MESSAGE, Budget, ContextLimits, Sizer
 from proxy.compaction.planner import Planner, Snapshot, Summary
 from proxy.compaction.state import Compaction, View, find_cut
 from proxy.compaction.summaries import Pending, Summaries
@@ -118,6 +119,9 @@ class Compactor:
         state = session.compaction
         if state is None:
             state = session.compaction = Compaction()
+        if _far_below(state, turn, messages, budget):
+            state.last_estimate = 0  # not counted: no ratio to learn from this step
+            return request
         snap = self.planner.snapshot(messages, turn.keys, state, request.get("tools"))
         cut = find_cut(state, snap.keys)
         if cut is None:  # the client changed the folded part: what was folded is gone
@@ -285,6 +289,42 @@ class Compactor:
         self.metrics.compactions.labels(kind).inc()
         self.metrics.compaction_tokens_removed.inc(max(before - after, 0))
         self.metrics.compacted_prompt_tokens.observe(after)
+
+
+# Bytes a rewrite adds besides whole messages: the tool-batching instruction (130) and a
+# context note's header.
+REWRITE_MARGIN = 512
+
+
+def _far_below(state: Compaction, turn: Turn, messages: list[Any], budget: Budget) -> bool:
+    """Whether this request cannot reach the soft watermark, by a bound that needs no
+    tokenizer: a token is at least one byte, so the estimate is at most the client's
+    body in bytes, plus the bytes of each message the rewrites replaced (a restored reply,
+    a message that carries a note), plus each message's framing. Then nothing is counted
+    (tiktoken counts about 18 MB/s: most of a big request's cost; its encoding is 77 MB
+    of memory), and the request goes on as it would after counting. Not for a session
+    with something folded or elided: its view must be applied."""
+    if state.cut_key is not None or state.elided or state.unreported or not turn.body_bytes:
+        return False
+    client = turn.client_messages
+    if len(client) != len(messages):
+        return False
+    replaced = sum(_utf8_bytes(m) for m, c in zip(messages, client, strict=True) if m is not c)
+    bound = turn.body_bytes + replaced + REWRITE_MARGIN + len(messages) * PER_MESSAGE
+    return bound * max(state.ratio, 1.0) <= budget.soft
+
+
+def _utf8_bytes(message: Any) -> int:
+    """At least the bytes of what Sizer counts of ``message`` (its content, its calls)."""
+    if not isinstance(message, dict):
+        return 0
+    total = 0
+    for value in (message.get("content"), message.get("tool_calls")):
+        if isinstance(value, str):
+            total += len(value) if value.isascii() else len(value.encode())
+        elif value is not None:
+            total += len(jsonio.dumps(value))
+    return total
 
 
 def _rough_tokens(messages: list[Any]) -> int:

@@ -85,11 +85,17 @@ def request_points(messages: list[dict[str, Any]]) -> list[int]:
 
 
 async def replay(
-    messages: list[dict[str, Any]], finish: list[bool], store: SessionStore | None = None
+    messages: list[dict[str, Any]],
+    finish: list[bool],
+    store: SessionStore | None = None,
+    *,
+    body_bytes: bool = False,
+    limit: int = LIMIT,
 ) -> list[list[Any]]:
-    """The messages forwarded at each step, checked on the way."""
+    """The messages forwarded at each step, checked on the way. ``body_bytes``: each turn
+    knows its body's size, so requests far below the watermarks are not counted."""
     forwarded: list[list[Any]] = []
-    overrides = {"upstream": "http://engine", "context_limit": LIMIT, "summary_wait": 0}
+    overrides = {"upstream": "http://engine", "context_limit": limit, "summary_wait": 0}
     settings_ = config.load({**overrides, "elide_min_tokens": 120}, environ={})
     metrics = Metrics(CollectorRegistry())
     upstream = Upstream(settings_, summarizer_transport())
@@ -99,7 +105,7 @@ async def replay(
         settings_, upstream, metrics, sizer=SIZER, mask=detector.key, post=tracker.post
     )
     tracker.listeners = [compactor]
-    high = int(LIMIT * settings_.compaction_high)
+    high = int(limit * settings_.compaction_high)
     previous: list[Any] | None = None
     seen_too_long = 0.0
     for step, length in enumerate(request_points(messages)):
@@ -107,6 +113,8 @@ async def replay(
         request = {"model": "m", "messages": client}
         turn = await tracker.open({}, request)
         assert turn is not None
+        if body_bytes:
+            turn.body_bytes = len(json.dumps(request, separators=(",", ":")).encode())
         exchange = Exchange("/v1/chat/completions", "POST")
         out = (await compactor.apply(request, turn, exchange))["messages"]
         head = plan.head_length(client)
@@ -159,3 +167,8 @@ def test_compaction_invariants(messages: list[dict[str, Any]], finish: list[bool
     # The same session, the same summaries at the same moments: the same requests; also
     # when the session's record lives only as bytes between requests (a shared store).
     assert asyncio.run(replay(messages, finish, CodecStore())) == first
+    # Requests that cannot reach the soft watermark by their size are not counted: the
+    # same requests go out (issue 16's shortcut against the full path).
+    assert asyncio.run(replay(messages, finish, body_bytes=True)) == first
+    roomy = asyncio.run(replay(messages, finish, limit=4 * LIMIT))  # where most are not
+    assert asyncio.run(replay(messages, finish, body_bytes=True, limit=4 * LIMIT)) == roomy
