@@ -8,7 +8,6 @@ store sees them. Failing open: a store error costs the session, not the request.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import hashlib
 import logging
@@ -25,7 +24,7 @@ from proxy.rewrite.learned import SOURCE_ROLES
 from proxy.rewrite.template_kwargs import pinnable
 from proxy.rewrite.volatile import VolatileDetector, note_target, said_before, volatile_lines
 from proxy.sessions import Session, SessionStore, fingerprint, identify
-from proxy.transcript import Memo, chain_keys, exact_chain, next_key
+from proxy.transcript import Memo, Memos, chain_keys, exact_chain, next_key
 
 log = logging.getLogger("prefill_proxy.sessions")
 
@@ -76,6 +75,10 @@ class Turn:
     body_bytes: int = 0  # the client's body, as received
     recorded: bool = False
 
+    def __post_init__(self) -> None:
+        if not self.lookup_keys:
+            self.lookup_keys = self.keys
+
 
 def _recorded(session: Session, keys: Sequence[bytes]) -> int:
     """How many of ``keys`` the session has history recorded by."""
@@ -113,31 +116,6 @@ def _history_keys(
         previous = next_key(previous, message, mask, memo)
         continued.append(previous)
     return continued if _recorded(session, continued) > _recorded(session, keys) else keys
-
-
-class Memos:
-    """Each recent session's message digests, in this process only (a request of a session
-    that lands on another replica computes what it lacks), bounded by digests held (about
-    150 bytes each): least recently used sessions dropped. ``limit`` 0: no memos."""
-
-    def __init__(self, limit: int = 1 << 17) -> None:
-        self._limit = limit
-        self._held = 0
-        self._memos: collections.OrderedDict[str, dict[int, list[bytes | None]]] = (
-            collections.OrderedDict()
-        )
-
-    def get(self, key: str) -> dict[int, list[bytes | None]] | None:
-        return self._memos.get(key)
-
-    def keep(self, key: str, memo: Memo | None) -> None:
-        if memo is None or not self._limit:
-            return
-        kept = memo.kept()
-        self._held += len(kept) - len(self._memos.pop(key, {}))
-        self._memos[key] = kept
-        while self._held > self._limit and self._memos:
-            self._held -= len(self._memos.popitem(last=False)[1])
 
 
 class ReplyListener(Protocol):

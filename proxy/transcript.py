@@ -9,6 +9,7 @@ prompt). Keys are chained, as vLLM chains block hashes: message i's key covers m
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -145,6 +146,31 @@ class Memo:
     def kept(self) -> dict[int, list[bytes | None]]:
         """The digests this request's messages used: the next request's ``previous``."""
         return self._seen
+
+
+class Memos:
+    """Each recent session's message digests, in this process only (a request of a session
+    that lands on another replica computes what it lacks), bounded by digests held (about
+    150 bytes each): least recently used sessions dropped. ``limit`` 0: no memos."""
+
+    def __init__(self, limit: int = 1 << 17) -> None:
+        self._limit = limit
+        self._held = 0
+        self._memos: collections.OrderedDict[str, dict[int, list[bytes | None]]] = (
+            collections.OrderedDict()
+        )
+
+    def get(self, key: str) -> dict[int, list[bytes | None]] | None:
+        return self._memos.get(key)
+
+    def keep(self, key: str, memo: Memo | None) -> None:
+        if memo is None or not self._limit:
+            return
+        kept = memo.kept()
+        self._held += len(kept) - len(self._memos.pop(key, {}))
+        self._memos[key] = kept
+        while self._held > self._limit and self._memos:
+            self._held -= len(self._memos.popitem(last=False)[1])
 
 
 def _normal(message: Any, mask: Mask | None, memo: Memo | None) -> bytes:
