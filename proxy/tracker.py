@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -78,6 +79,28 @@ class Turn:
     def __post_init__(self) -> None:
         if not self.lookup_keys:
             self.lookup_keys = self.keys
+
+
+FAMILY_PREFIX = "l:"  # family records: line shapes learned by conversations sharing a prompt
+MAX_FAMILY_SHAPES = 32
+
+
+def _seeded(family: Session, shapes: tuple[bytes, ...]) -> None:
+    """A session was seeded with ``shapes``: each seeds UNLEARN_AFTER sessions at most."""
+    for key in shapes:
+        if key in family.learned:
+            family.learned[key] += 1
+            if family.learned[key] >= learned.UNLEARN_AFTER:
+                del family.learned[key]
+
+
+def _taught(family: Session, shapes: tuple[bytes, ...]) -> None:
+    """A session learned ``shapes`` itself: they seed again (the newest kept)."""
+    for key in shapes:
+        family.learned.pop(key, None)
+        family.learned[key] = 0
+    while len(family.learned) > MAX_FAMILY_SHAPES:
+        del family.learned[next(iter(family.learned))]
 
 
 def _recorded(session: Session, keys: Sequence[bytes]) -> int:
@@ -150,19 +173,24 @@ class SessionTracker:
         self._memos = Memos(memo_limit)
         metrics.sessions_active.set_function(lambda: store.held() or 0)
 
-    def post(self, key: str, change: Change) -> None:
+    def post(self, key: str, change: Change, *, create: bool = False) -> None:
         """Background work's result for session ``key``, written to the stored record by
-        a task of its own (load, change, compare and set; again on a conflict)."""
-        task = asyncio.get_running_loop().create_task(self.apply(key, change))
+        a task of its own (load, change, compare and set; again on a conflict).
+        ``create``: into a new record if there is none."""
+        task = asyncio.get_running_loop().create_task(self.apply(key, change, create=create))
         self._applying.add(task)
         task.add_done_callback(self._applying.discard)
 
-    async def apply(self, key: str, change: Change, attempts: int = 3) -> bool:
-        """``change`` into the stored record of ``key``; False if there is none, the store
-        failed or every attempt lost its race."""
+    async def apply(
+        self, key: str, change: Change, attempts: int = 3, *, create: bool = False
+    ) -> bool:
+        """``change`` into the stored record of ``key``; False if there is none (unless
+        ``create``), the store failed or every attempt lost its race."""
         try:
             for _ in range(attempts):
                 session = await self.store.get(key)
+                if session is None and create:
+                    session = Session(key)
                 if session is None:
                     return False
                 change(session)
@@ -208,7 +236,12 @@ class SessionTracker:
         for opened in self.on_open:
             opened(key)
         try:
+            if outcome == "new":
+                await self._seed(session, request)
+            before = session.learned
             new, moved = self._learn(session, messages)
+            if new:
+                self._publish(before, session.learned, request)
         except Exception as exc:  # fail open: nothing learned this time
             self._failures.failed("volatile learning", exc)
             new = moved = 0
@@ -228,6 +261,33 @@ class SessionTracker:
         turn.follows_tool_calls = session.last_reply_tool_calls > 0
         turn.warmed = session.warmed
         return turn
+
+    def _family(self, request: Mapping[str, Any]) -> str:
+        """The record of what the conversations sharing this system prompt and tools (read
+        with every number as 0) learned."""
+        return FAMILY_PREFIX + fingerprint(request, self.detector.key, with_user=False)
+
+    async def _seed(self, session: Session, request: Mapping[str, Any]) -> None:
+        """A new session starts with the line shapes its family learned, so its first
+        request already moves a clock an earlier conversation of the family taught: no
+        miss on its second step. Each seeding is counted in the family record: a shape
+        seeds ``learned.UNLEARN_AFTER`` sessions, then one that learns it again (a miss)
+        renews it, so a number edited once in a shared prompt is not moved for ever."""
+        family = self._family(request)
+        record = await self.store.get(family)
+        shapes = [key for key in record.learned if len(key) == 8] if record else []
+        if not shapes:
+            return
+        session.learned = dict.fromkeys(shapes, 0)
+        self.post(family, functools.partial(_seeded, shapes=tuple(shapes)))
+
+    def _publish(
+        self, before: Mapping[bytes, int], after: Mapping[bytes, int], request: Mapping[str, Any]
+    ) -> None:
+        """Shapes this request learned, into its family's record (made if new)."""
+        shapes = tuple(key for key in after if len(key) == 8 and key not in before)
+        if shapes:
+            self.post(self._family(request), functools.partial(_taught, shapes=shapes), create=True)
 
     def _mask(self, learned_keys: Mapping[bytes, int]) -> Callable[[str], str]:
         test = learned.learned_line(learned_keys, self.detector.mask)

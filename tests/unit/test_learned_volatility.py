@@ -307,3 +307,36 @@ def test_a_note_says_only_what_the_history_does_not_carry_yet() -> None:
     forwarded, _ = proxy.step(trimmed, {"role": "assistant", "content": "Answer 5."})
     note = str(forwarded[-1]["content"]).split(NOTE_HEADER, 1)[1].strip().split("\n")
     assert note == NOTES[1:6]
+
+
+def test_a_clock_one_conversation_taught_moves_from_the_first_request_of_the_next() -> None:
+    """Conversations sharing a system prompt share what they learned: the second one's
+    first request already moves the clock, so its second step is cached. A shape seeds
+    UNLEARN_AFTER new sessions, then a session that learns it again renews it."""
+    proxy = Proxy(CodecStore())
+
+    def conversation(number: int) -> tuple[list[str], bool]:
+        """(prefix-break reasons, whether the first request kept the clock in place)."""
+        opening = {"role": "user", "content": f"Task {number}."}
+        reasons, kept = [], False
+        for step in range(3):
+            clock = f"It is now 08:{number % 60:02d}:{step:02d}."
+            system = f"You are a booking agent.\n{clock}\nBe brief."
+            messages = [{"role": "system", "content": system}, opening]
+            for index in range(step):
+                messages.append({"role": "assistant", "content": f"Answer {index}."})
+                messages.append({"role": "user", "content": f"Question {index + 1}?"})
+            reply = {"role": "assistant", "content": f"Answer {step}."}
+            forwarded, reason = proxy.step(messages, reply)
+            kept = kept or (step == 0 and clock in forwarded[0]["content"])
+            reasons.append(reason)
+        return reasons, kept
+
+    learns = (["new_session", "volatile_learned", "none"], True)
+    seeded = (["new_session", "none", "none"], False)
+    assert conversation(0) == learns
+    for number in range(1, learned.UNLEARN_AFTER + 1):
+        assert conversation(number) == seeded
+    # The family forgot it: the next conversation learns it again, and renews it.
+    assert conversation(learned.UNLEARN_AFTER + 1) == learns
+    assert conversation(learned.UNLEARN_AFTER + 2) == seeded

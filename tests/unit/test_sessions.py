@@ -209,10 +209,14 @@ class Proxy:
         )
 
     def step(self, messages: list, reply: dict, *, usage: bool = True) -> tuple[list, str]:
+        return asyncio.run(self._step(messages, reply, usage))
+
+    async def _step(self, messages: list, reply: dict, usage: bool) -> tuple[list, str]:
+        """One request, its reply recorded, and what it posted in the background applied."""
         from proxy.exchange import Exchange
 
         request = {"model": "m", "messages": copy.deepcopy(messages)}
-        turn = asyncio.run(self.tracker.open({}, request))
+        turn = await self.tracker.open({}, request)
         assert turn is not None
         context = RewriteContext(
             session=turn.session, volatile=self.detector, message_keys=turn.lookup_keys
@@ -222,7 +226,8 @@ class Proxy:
         self.tracker.forward(turn, forwarded, exchange)
         exchange.usage = {"prompt_tokens": 10, "completion_tokens": 1} if usage else None
         exchange.reply = reply
-        asyncio.run(self.tracker.close(turn, exchange))
+        await self.tracker.close(turn, exchange)
+        await self.tracker.settled()
         return forwarded["messages"], exchange.prefix_break
 
 
