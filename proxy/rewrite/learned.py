@@ -28,6 +28,7 @@ with their unchanged counts.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,7 +50,10 @@ def shape(text: str, mask: Mask) -> str:
     return _NUMBER.sub("0", mask(text))
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def shape_key(line: str, mask: Mask) -> bytes:
+    """8 bytes of the line's shape. Cached: a system prompt's lines come again with every
+    request of every conversation that shares it, and are tested several times each."""
     return hashlib.blake2b(shape(line, mask).encode(), digest_size=8).digest()
 
 
@@ -204,6 +208,14 @@ def learned_line(learned: Iterable[bytes] | None, mask: Mask) -> Callable[[str],
     shapes, texts = _split(learned)
     if not shapes and not texts:
         return None
+    return _learned_test(shapes, texts, mask)
+
+
+@functools.lru_cache(maxsize=1024)
+def _learned_test(
+    shapes: frozenset[bytes], texts: frozenset[bytes], mask: Mask
+) -> Callable[[str], bool]:
+    """One test object per learned set: what is split with it is cached by it."""
 
     def test(line: str) -> bool:
         if texts and _text_key(line) in texts:

@@ -104,6 +104,10 @@ class VolatileDetector:
     _line_spans: Callable[[str], tuple[tuple[int, int], ...]] = dataclasses.field(
         init=False, repr=False, compare=False
     )
+    _key: Callable[[str], str] = dataclasses.field(init=False, repr=False, compare=False)
+    _split: Callable[..., tuple[str, tuple[str, ...]]] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         set_ = functools.partial(object.__setattr__, self)
@@ -113,6 +117,9 @@ class VolatileDetector:
         # when one changes: scanning a line once is enough (a 7k-character prompt takes
         # about a millisecond to scan).
         set_("_line_spans", functools.lru_cache(maxsize=16_384)(self._scan_line))
+        # A system prompt is keyed on every request of every conversation sharing it.
+        set_("_key", functools.lru_cache(maxsize=1024)(lambda text: shape(text, self.mask)))
+        set_("_split", functools.lru_cache(maxsize=1024)(self._split_text))
 
     def _scan_line(self, line: str) -> tuple[tuple[int, int], ...]:
         # Every built-in pattern needs a digit: most lines of a system prompt have none.
@@ -156,13 +163,22 @@ class VolatileDetector:
     def key(self, text: str) -> str:
         """``text`` as session and message keys see it: masked, and every number 0, so a
         line whose numbers change (a clock no pattern knows, a counter) keeps its keys."""
-        return shape(text, self.mask)
+        return self._key(text)
 
-    def split(self, text: str, also: Callable[[str], bool] | None = None) -> tuple[str, list[str]]:
+    def split(
+        self, text: str, also: Callable[[str], bool] | None = None
+    ) -> tuple[str, tuple[str, ...]]:
         """(``text`` without its volatile lines, those lines in order): the patterns', and
         those ``also`` says are (learned for the session). Lines split on ``\\n`` only. A
         moved line at the start or after a blank line takes the blank lines that follow it
-        along, so "<clock>\\n\\n<prompt>" leaves exactly "<prompt>"."""
+        along, so "<clock>\\n\\n<prompt>" leaves exactly "<prompt>". Cached: a system
+        prompt is split several times a request, on every request (``also`` is the same
+        object for the same learned lines, proxy.rewrite.learned.learned_line)."""
+        return self._split(text, also)
+
+    def _split_text(
+        self, text: str, also: Callable[[str], bool] | None
+    ) -> tuple[str, tuple[str, ...]]:
         kept: list[str] = []
         moved: list[str] = []
         eat_blanks = False
@@ -175,7 +191,7 @@ class VolatileDetector:
             else:
                 kept.append(line)
                 eat_blanks = False
-        return "\n".join(kept), moved
+        return "\n".join(kept), tuple(moved)
 
 
 DEFAULT_DETECTOR = VolatileDetector()
@@ -277,11 +293,11 @@ def note_target(messages: list[Any]) -> int | None:
 
 def _split_content(
     content: Any, detector: VolatileDetector, also: Callable[[str], bool] | None = None
-) -> tuple[Any, list[str]]:
+) -> tuple[Any, Sequence[str]]:
     if isinstance(content, str):
         return detector.split(content, also)
     if not isinstance(content, list):
-        return content, []
+        return content, ()
     parts: list[Any] = []
     moved: list[str] = []
     for part in content:

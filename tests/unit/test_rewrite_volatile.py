@@ -115,7 +115,7 @@ def test_extra_patterns_come_from_settings() -> None:
 def test_split_moves_whole_lines_and_their_blank_separator(
     text: str, stable: str, moved: list[str]
 ) -> None:
-    assert DEFAULT_DETECTOR.split(text) == (stable, moved)
+    assert DEFAULT_DETECTOR.split(text) == (stable, tuple(moved))
 
 
 def test_the_note_format_is_fixed() -> None:
