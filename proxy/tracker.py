@@ -74,6 +74,8 @@ class Turn:
     memo: Memo | None = None
     forwarded_chain: list[bytes] | None = None
     body_bytes: int = 0  # the client's body, as received
+    # The record's note carriers and lines after this request (None: not worked out yet).
+    notes: tuple[tuple[bytes, ...], tuple[str, ...]] | tuple[()] | None = None
     recorded: bool = False
 
     def __post_init__(self) -> None:
@@ -369,24 +371,31 @@ class SessionTracker:
         exchange.learned_lines = turn.learned_moved
 
     def _note_placed(self, turn: Turn, session: Session) -> None:
-        """Which message carries the current volatile-lines note (see move_volatile)."""
-        # The lines this request's note carried: learned by the turn's own record.
+        """Which messages carry the notes of volatile lines (see move_volatile), after
+        this request: worked out once, from the record the request was rewritten with
+        (``session`` may be a fresher load of it, after a lost compare and set)."""
+        if turn.notes is None:
+            turn.notes = self._notes_after(turn)
+        if turn.notes:
+            session.note_carriers, session.last_note_lines = turn.notes
+
+    def _notes_after(self, turn: Turn) -> tuple[tuple[bytes, ...], tuple[str, ...]] | tuple[()]:
         lines = volatile_lines(turn.client_messages, self.detector, turn.session)
         target = note_target(turn.client_messages)
+        record = turn.session
         if target is None or not lines:
-            return
-        said = said_before(turn.session, turn.lookup_keys, target)
-        carriers = turn.session.note_carriers
+            return ()
+        said = said_before(record, turn.lookup_keys, target)
+        carriers = record.note_carriers
         if turn.lookup_keys is not turn.keys:  # found by the keys of the prompt before
             renamed = dict(zip(turn.lookup_keys, turn.keys, strict=False))
             carriers = tuple(renamed.get(key, key) for key in carriers)
-        session.note_carriers = carriers
         if all(line in said for line in lines):
-            return  # no note: the history's notes say it all
+            return carriers, record.last_note_lines  # no note: the notes say it all
         key = turn.keys[target]
-        # A note of the new lines joins the notes before it; a full note starts again.
-        session.note_carriers = (*carriers, key) if said else (key,)
-        session.last_note_lines = lines  # all of them in the history's notes from now on
+        # A note of the new lines joins the notes before it; a full note starts again. All
+        # the lines are in the history's notes from now on.
+        return ((*carriers, key) if said else (key,)), lines
 
     async def close(self, turn: Turn, exchange: Exchange) -> None:
         """After the reply: remember it (only a complete, successful one; once), let the

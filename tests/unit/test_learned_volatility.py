@@ -340,3 +340,36 @@ def test_a_clock_one_conversation_taught_moves_from_the_first_request_of_the_nex
     # The family forgot it: the next conversation learns it again, and renews it.
     assert conversation(learned.UNLEARN_AFTER + 1) == learns
     assert conversation(learned.UNLEARN_AFTER + 2) == seeded
+
+
+def test_notes_stay_deltas_when_a_save_loses_its_race() -> None:
+    """Background work (a warm-up's flag) saves the record between a request's load and
+    its save: the reply is recorded into the fresher record, and the notes it placed are
+    the same as without the race (the next note still carries only the new line)."""
+    import asyncio
+
+    from proxy.exchange import Exchange
+    from proxy.rewrite.pipeline import RewriteContext
+
+    proxy = Proxy(CodecStore())
+    run(proxy, ["\n".join(grown(step)) for step in range(2)])
+
+    async def raced(step: int) -> list[Any]:
+        request = {"model": "m", "messages": conversation_step("\n".join(grown(step)), step)}
+        turn = await proxy.tracker.open({}, request)
+        assert turn is not None
+        context = RewriteContext(
+            session=turn.session, volatile=proxy.detector, message_keys=turn.lookup_keys
+        )
+        forwarded = proxy.pipeline.apply(request, context).request
+        exchange = Exchange("/v1/chat/completions", "POST", status=200)
+        proxy.tracker.forward(turn, forwarded, exchange)
+        assert await proxy.tracker.apply(turn.session.key, lambda s: setattr(s, "warmed", True))
+        exchange.usage = {"prompt_tokens": 10, "completion_tokens": 1}
+        exchange.reply = {"role": "assistant", "content": f"Answer {step}."}
+        await proxy.tracker.close(turn, exchange)
+        return forwarded["messages"]
+
+    for step in (2, 3, 4):
+        newest = str(asyncio.run(raced(step))[-1]["content"])
+        assert newest.split(NOTE_HEADER, 1)[1].strip().split("\n") == [NOTES[step]]
