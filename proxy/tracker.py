@@ -475,6 +475,11 @@ class SessionTracker:
             fresh = await self.store.get(key) or Session(key)
             if fresh.last_chain == turn.session.last_chain:
                 return  # the other save recorded this same conversation and reply (a retry)
+            # What this request learned of the system prompt when it opened, too: the
+            # next request is compared with this one.
+            fresh.system_digest = turn.session.system_digest
+            fresh.system_lines = turn.session.system_lines
+            fresh.learned = dict(turn.session.learned)
             self._remember(turn, fresh, exchange)
             if await self.store.save(fresh):
                 self._metrics.sessions_saved.inc()

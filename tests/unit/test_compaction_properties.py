@@ -100,7 +100,7 @@ async def replay(
     metrics = Metrics(CollectorRegistry())
     upstream = Upstream(settings_, summarizer_transport())
     detector = VolatileDetector(())
-    tracker = SessionTracker(store or MemoryStore(10, 60), detector, metrics)
+    tracker = SessionTracker(store if store is not None else MemoryStore(10, 60), detector, metrics)
     compactor = Compactor(
         settings_, upstream, metrics, sizer=SIZER, mask=detector.key, post=tracker.post
     )

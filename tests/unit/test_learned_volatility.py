@@ -373,3 +373,10 @@ def test_notes_stay_deltas_when_a_save_loses_its_race() -> None:
     for step in (2, 3, 4):
         newest = str(asyncio.run(raced(step))[-1]["content"])
         assert newest.split(NOTE_HEADER, 1)[1].strip().split("\n") == [NOTES[step]]
+    # What each raced request learned was kept: the record compares with the last one.
+    key = next(key for key in proxy.tracker.store._records if key.startswith("f:"))
+    record = asyncio.run(proxy.tracker.store.get(key))
+    assert record is not None
+    assert record.system_lines == tuple(sigs(*grown(4)))
+    test = learned.learned_line(record.learned, MASK)
+    assert test is not None and [line for line in grown(4) if test(line)] == NOTES[1:5]

@@ -202,7 +202,7 @@ class Proxy:
         self.pipeline = Pipeline(default_transforms(config.Settings()))
         self.registry = CollectorRegistry()
         self.tracker = SessionTracker(
-            store or MemoryStore(10, 60),
+            store if store is not None else MemoryStore(10, 60),
             self.detector,
             Metrics(self.registry),
             memo_limit=memo_limit,
