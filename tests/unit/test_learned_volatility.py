@@ -348,30 +348,19 @@ def test_notes_stay_deltas_when_a_save_loses_its_race() -> None:
     the same as without the race (the next note still carries only the new line)."""
     import asyncio
 
-    from proxy.exchange import Exchange
-    from proxy.rewrite.pipeline import RewriteContext
-
     proxy = Proxy(CodecStore())
     run(proxy, ["\n".join(grown(step)) for step in range(2)])
 
-    async def raced(step: int) -> list[Any]:
-        request = {"model": "m", "messages": conversation_step("\n".join(grown(step)), step)}
-        turn = await proxy.tracker.open({}, request)
-        assert turn is not None
-        context = RewriteContext(
-            session=turn.session, volatile=proxy.detector, message_keys=turn.lookup_keys
-        )
-        forwarded = proxy.pipeline.apply(request, context).request
-        exchange = Exchange("/v1/chat/completions", "POST", status=200)
-        proxy.tracker.forward(turn, forwarded, exchange)
+    async def warmed(turn: Any) -> None:  # saved by another task before the reply
         assert await proxy.tracker.apply(turn.session.key, lambda s: setattr(s, "warmed", True))
-        exchange.usage = {"prompt_tokens": 10, "completion_tokens": 1}
-        exchange.reply = {"role": "assistant", "content": f"Answer {step}."}
-        await proxy.tracker.close(turn, exchange)
-        return forwarded["messages"]
+
+    def raced(step: int) -> list[Any]:
+        messages = conversation_step("\n".join(grown(step)), step)
+        reply = {"role": "assistant", "content": f"Answer {step}."}
+        return proxy.step(messages, reply, before_close=warmed)[0]
 
     for step in (2, 3, 4):
-        newest = str(asyncio.run(raced(step))[-1]["content"])
+        newest = str(raced(step)[-1]["content"])
         assert newest.split(NOTE_HEADER, 1)[1].strip().split("\n") == [NOTES[step]]
     # What each raced request learned was kept: the record compares with the last one.
     key = next(key for key in proxy.tracker.store._records if key.startswith("f:"))

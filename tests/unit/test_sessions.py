@@ -208,11 +208,16 @@ class Proxy:
             memo_limit=memo_limit,
         )
 
-    def step(self, messages: list, reply: dict, *, usage: bool = True) -> tuple[list, str]:
-        return asyncio.run(self._step(messages, reply, usage))
+    def step(
+        self, messages: list, reply: dict, *, usage: bool = True, before_close: Any = None
+    ) -> tuple[list, str]:
+        """One request, its reply recorded, and what it posted in the background applied.
+        ``before_close``: awaited with the turn before the reply is recorded."""
+        return asyncio.run(self._step(messages, reply, usage, before_close))
 
-    async def _step(self, messages: list, reply: dict, usage: bool) -> tuple[list, str]:
-        """One request, its reply recorded, and what it posted in the background applied."""
+    async def _step(
+        self, messages: list, reply: dict, usage: bool, before_close: Any
+    ) -> tuple[list, str]:
         from proxy.exchange import Exchange
 
         request = {"model": "m", "messages": copy.deepcopy(messages)}
@@ -226,6 +231,8 @@ class Proxy:
         self.tracker.forward(turn, forwarded, exchange)
         exchange.usage = {"prompt_tokens": 10, "completion_tokens": 1} if usage else None
         exchange.reply = reply
+        if before_close is not None:
+            await before_close(turn)
         await self.tracker.close(turn, exchange)
         await self.tracker.settled()
         return forwarded["messages"], exchange.prefix_break
