@@ -10,10 +10,12 @@ requests of one conversation, while the rest stays, is volatile by definition. T
   shape.
 - Lines inserted (at most ``MAX_BLOCK`` in one place) are learned at once, by text: a
   scratchpad or memory block that grows keeps the prefix from its first growth on.
-- Lines that replace lines of other shapes (words edited) are learned when the previous
-  request changed the same place too (next to the same line), or when they join lines
-  already learned (a status line rewritten every step). A prompt edited once is learned
-  nothing (one miss, as without the proxy).
+- Labelled lines whose values changed in words ("Status: idle" -> "Status: on a call",
+  "Open files: a.py" -> "Open files: a.py, b.py") are learned at once, by text.
+- Other lines that replace lines of other shapes (words edited) are learned when the
+  previous request changed the same place too (next to the same line), or when they join
+  lines already learned. A prompt edited once is learned nothing (one miss, as without
+  the proxy).
 - A learned line whose block goes ``UNLEARN_AFTER`` requests without a change (an edit of
   a number, a block that stopped growing) is unlearned, so it goes back into the prefix:
   never a permanently moved line.
@@ -58,8 +60,20 @@ def shape_key(line: str, mask: Mask) -> bytes:
 
 
 def signature(line: str, mask: Mask) -> bytes:
-    """16 bytes: the line's text hash, then its shape's."""
-    return _text_key(line) + shape_key(line, mask)
+    """24 bytes: the line's text hash, its shape's, and its label's (zeros: none)."""
+    return _text_key(line) + shape_key(line, mask) + _label_key(line)
+
+
+_LABEL = re.compile(r"\s*([^:\n]{1,40}?)\s*:(?:\s|$)")
+_NO_LABEL = bytes(8)
+
+
+def _label_key(line: str) -> bytes:
+    """The hash of a line's label ("Status" in "Status: idle"), if it has one."""
+    match = _LABEL.match(line)
+    if match is None or not any(c.isalpha() for c in match.group(1)):
+        return _NO_LABEL
+    return hashlib.blake2b(match.group(1).encode(), digest_size=8).digest()
 
 
 def system_lines(messages: Any) -> list[str]:
@@ -93,13 +107,14 @@ def learn(
     state = _State(dict(learned), current, learnable)
     if list(previous) != list(current):
         matcher = difflib.SequenceMatcher(
-            None, [s[8:] for s in previous], [s[8:] for s in current], autojunk=False
+            None, [s[8:16] for s in previous], [s[8:16] for s in current], autojunk=False
         )
         for tag, i1, i2, j1, j2 in matcher.get_opcodes():
             if tag == "equal":
                 state.values_changed(previous[i1:i2], j1)
             elif tag != "delete" and max(i2 - i1, j2 - j1) <= MAX_BLOCK:
-                state.block_changed(j1, j2, inserted=tag == "insert")
+                relabelled = tag == "replace" and _same_labels(previous[i1:i2], current[j1:j2])
+                state.block_changed(j1, j2, at_once=tag == "insert" or relabelled)
     return state.counted(), state.new
 
 
@@ -108,6 +123,14 @@ def learn(
 MAX_BLOCK = 8
 _TEXT, _BEFORE, _AFTER = b"t", b"<", b">"  # key tags: block line, pending anchors
 _START, _END = b"^" * 8, b"$" * 8  # anchors at the prompt's ends
+
+
+def _same_labels(before: Sequence[bytes], after: Sequence[bytes]) -> bool:
+    """Lines that kept their labels and changed their values ("Status: idle" -> "Status:
+    on a call", "Open files: a.py" -> "Open files: a.py, b.py")."""
+    return len(before) == len(after) and all(
+        old[16:] == new[16:] != _NO_LABEL for old, new in zip(before, after, strict=True)
+    )
 
 
 class _State:
@@ -124,7 +147,7 @@ class _State:
 
     def is_learned(self, j: int) -> bool:
         sig = self.current[j]
-        return sig[8:] in self.learned or _TEXT + sig[:8] in self.learned
+        return sig[8:16] in self.learned or _TEXT + sig[:8] in self.learned
 
     def learn(self, key: bytes) -> None:
         if key not in self.learned:
@@ -137,16 +160,17 @@ class _State:
         for offset, old in enumerate(before):
             j = j1 + offset
             if old[:8] != self.current[j][:8]:
-                self.learn(self.current[j][8:])
+                self.learn(self.current[j][8:16])
                 self.touch_around(j, j + 1)
 
-    def block_changed(self, j1: int, j2: int, *, inserted: bool) -> None:
-        """Lines j1..j2 are new: inserted (learned at once: a block that grows), or replacing
-        lines of other shapes (an edit, as far as is known: learned when the previous
-        request changed the same place too, next to the same line); and any that join
-        lines already learned. Else the place is remembered for one request."""
-        before = self.current[j1 - 1][8:] if j1 > 0 else _START
-        after = self.current[j2][8:] if j2 < len(self.current) else _END
+    def block_changed(self, j1: int, j2: int, *, at_once: bool) -> None:
+        """Lines j1..j2 are new: inserted, or labelled lines with new values (``at_once``:
+        learned now, a block that grows, a status that changes), or replacing lines of
+        other shapes (an edit, as far as is known: learned when the previous request
+        changed the same place too, next to the same line); and any that join lines
+        already learned. Else the place is remembered for one request."""
+        before = self.current[j1 - 1][8:16] if j1 > 0 else _START
+        after = self.current[j2][8:16] if j2 < len(self.current) else _END
         joins = (j1 > 0 and self.is_learned(j1 - 1)) or (
             j2 < len(self.current) and self.is_learned(j2)
         )
@@ -154,7 +178,7 @@ class _State:
             key in self.learned and key not in self.touched
             for key in (_BEFORE + before, _AFTER + after)
         )
-        if not (inserted or joins or again):
+        if not (at_once or joins or again):
             for pending in (_BEFORE + before, _AFTER + after):
                 self.learned[pending] = 0
                 self.touched.add(pending)
@@ -177,7 +201,7 @@ class _State:
 
     def touch(self, j: int) -> None:
         sig = self.current[j]
-        for key in (sig[8:], _TEXT + sig[:8]):
+        for key in (sig[8:16], _TEXT + sig[:8]):
             if key in self.learned:
                 self.learned[key] = 0
                 self.touched.add(key)

@@ -74,8 +74,8 @@ def test_an_inserted_line_goes_back_when_nothing_more_is_inserted() -> None:
 
 
 def test_an_edit_made_once_is_not_learned_nor_a_blank_line() -> None:
-    a = sigs("You are an agent.", "Status: idle", "Be brief.")
-    b = sigs("You are an agent.", "Status: on a call", "Be brief.")
+    a = sigs("You are an agent.", "Keep answers short.", "Be brief.")
+    b = sigs("You are an agent.", "Answer in full sentences.", "Be brief.")
     state, new = learned.learn(a, b, {})
     assert new == 0
     state, _ = learned.learn(b, b, state)
@@ -89,10 +89,21 @@ def test_an_edit_made_once_is_not_learned_nor_a_blank_line() -> None:
     assert lines == [False, True, False, False]
 
 
+def test_a_labelled_value_in_words_is_learned_at_once() -> None:
+    a = sigs("You are an agent.", "Status: idle", "Open files: app.py", "Be brief.")
+    b = sigs("You are an agent.", "Status: on a call", "Open files: app.py, cli.py", "Be brief.")
+    _, new = learned.learn(a, b, {})
+    assert new == 2
+    # A label changed with its value is an edit: not learned at once.
+    c = sigs("You are an agent.", "Mode: on a call", "Open files: app.py, cli.py", "Be brief.")
+    _, new = learned.learn(b, c, {})
+    assert new == 0
+
+
 def test_a_block_edited_twice_in_a_row_is_learned_then_goes_back() -> None:
-    a = ["You are an agent.", "Status: idle", "Be brief."]
-    b = ["You are an agent.", "Status: busy with a booking", "Be brief."]
-    c = ["You are an agent.", "Status: waiting for the user", "Be brief."]
+    a = ["You are an agent.", "The user is idle.", "Be brief."]
+    b = ["You are an agent.", "The user is busy with a booking.", "Be brief."]
+    c = ["You are an agent.", "The user waits for an answer.", "Be brief."]
     state, new = learned.learn(sigs(*a), sigs(*b), {})
     assert new == 0
     state, new = learned.learn(sigs(*b), sigs(*c), state)

@@ -45,7 +45,7 @@ sessions = st.builds(
     last_note_lines=st.lists(text, max_size=3).map(tuple),
     note_carriers=st.lists(keys, max_size=3).map(tuple),
     system_digest=st.binary(max_size=16),
-    system_lines=st.lists(st.binary(min_size=16, max_size=16), max_size=4).map(tuple),
+    system_lines=st.lists(st.binary(min_size=24, max_size=24), max_size=4).map(tuple),
     learned=st.dictionaries(st.binary(min_size=8, max_size=8), st.integers(0, 20), max_size=3),
     last_chain=st.lists(keys, max_size=4).map(tuple),
     last_tools=st.binary(max_size=8),
