@@ -187,6 +187,8 @@ CLOCK_FORMATS: Mapping[str, Callable[[datetime.datetime, int], str]] = MappingPr
         ),
         # A memory block that gains a fact a step, in words (no number tells lines apart).
         "memory": lambda t, n: "## Memory\n" + "\n".join(_fact(i) for i in range(n + 1)),
+        # A labelled status in words, new every step (what the agent is doing).
+        "status": lambda t, n: f"Current focus: the {_fact(n)[len('- the user asked about ') :]}",
     }
 )
 
