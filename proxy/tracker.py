@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -18,25 +17,19 @@ from typing import Any, Protocol
 from proxy import prefix
 from proxy.exchange import Exchange, token_counts
 from proxy.failopen import FailOpenLog
+from proxy.history import head_key, history_keys, leading_system
 from proxy.jsonio import InvalidJSON
 from proxy.metrics import Metrics
 from proxy.rewrite import learned
-from proxy.rewrite.learned import SOURCE_ROLES
 from proxy.rewrite.template_kwargs import pinnable
-from proxy.rewrite.volatile import VolatileDetector, note_target, said_before, volatile_lines
+from proxy.rewrite.volatile import VolatileDetector, notes_after
 from proxy.sessions import Session, SessionStore, fingerprint, identify
-from proxy.transcript import Memo, Memos, chain_keys, exact_chain, next_key
+from proxy.transcript import Memo, Memos, chain_keys, exact_chain
 
 log = logging.getLogger("prefill_proxy.sessions")
 
 ALIAS_PREFIX = "a:"  # alias records' keys (session keys start h:, u:, p:, f:)
-
-
-def head_key(messages: Sequence[Any], mask: Callable[[str], str]) -> bytes | None:
-    """The chain key of the first two messages after the system prompt (the first
-    exchange), None if there are fewer."""
-    body = [m for m in messages if not isinstance(m, dict) or m.get("role") not in SOURCE_ROLES]
-    return chain_keys(body[:2], mask)[-1] if len(body) >= 2 else None
+FAMILY_PREFIX = "l:"  # family records: line shapes learned by conversations sharing a prompt
 
 
 @dataclasses.dataclass
@@ -67,7 +60,7 @@ class Turn:
     # a new fingerprinted session is saved under too (proxy.tracker._continued).
     mask: Callable[[str], str] = str
     alias: str = ""
-    # The keys restoration looks history up by (proxy.tracker._history_keys).
+    # The keys restoration looks history up by (proxy.history.history_keys).
     lookup_keys: list[bytes] = dataclasses.field(default_factory=list)
     # The conversation's message digests (proxy.transcript.Memo), and the exact chain of
     # the forwarded messages once computed.
@@ -81,66 +74,6 @@ class Turn:
     def __post_init__(self) -> None:
         if not self.lookup_keys:
             self.lookup_keys = self.keys
-
-
-FAMILY_PREFIX = "l:"  # family records: line shapes learned by conversations sharing a prompt
-MAX_FAMILY_SHAPES = 32
-
-
-def _seeded(family: Session, shapes: tuple[bytes, ...]) -> None:
-    """A session was seeded with ``shapes``: each seeds UNLEARN_AFTER sessions at most."""
-    for key in shapes:
-        if key in family.learned:
-            family.learned[key] += 1
-            if family.learned[key] >= learned.UNLEARN_AFTER:
-                del family.learned[key]
-
-
-def _taught(family: Session, shapes: tuple[bytes, ...]) -> None:
-    """A session learned ``shapes`` itself: they seed again (the newest kept)."""
-    for key in shapes:
-        family.learned.pop(key, None)
-        family.learned[key] = 0
-    while len(family.learned) > MAX_FAMILY_SHAPES:
-        del family.learned[next(iter(family.learned))]
-
-
-def _recorded(session: Session, keys: Sequence[bytes]) -> int:
-    """How many of ``keys`` the session has history recorded by."""
-    return sum(1 for key in keys if key in session.substitutions)
-
-
-def _leading_system(messages: Sequence[Any]) -> int:
-    """How many messages the system prompt takes at the start."""
-    count = 0
-    for message in messages:
-        if not isinstance(message, dict) or message.get("role") not in SOURCE_ROLES:
-            break
-        count += 1
-    return count
-
-
-def _history_keys(
-    session: Session,
-    messages: Sequence[Any],
-    keys: list[bytes],
-    mask: Callable[[str], str],
-    memo: Memo | None = None,
-) -> list[bytes]:
-    """The keys to look the session's recorded history up by: ``keys``, or, where the
-    system prompt changed since the session's previous request (an edit, a line learned
-    by this request), the history's keys continued from the previous system prompt's, if
-    the history was recorded by those. The session is this conversation's already; what
-    follows its system prompt is the same history."""
-    lead = _leading_system(messages)
-    if not lead or not session.system_key or keys[lead - 1] == session.system_key:
-        return keys
-    continued = keys[:lead]
-    previous = session.system_key
-    for message in messages[lead:]:
-        previous = next_key(previous, message, mask, memo)
-        continued.append(previous)
-    return continued if _recorded(session, continued) > _recorded(session, keys) else keys
 
 
 class ReplyListener(Protocol):
@@ -252,7 +185,7 @@ class SessionTracker:
         try:
             memo = Memo(self._memos.get(session.key))
             keys = chain_keys(messages, mask, memo)
-            lookup = _history_keys(session, messages, keys, mask, memo)
+            lookup = history_keys(session, messages, keys, mask, memo)
         except InvalidJSON as exc:  # fail open: a body too odd to key goes on as sent
             self._failures.failed("session keys", exc)
             return None
@@ -281,7 +214,7 @@ class SessionTracker:
         if not shapes:
             return
         session.learned = dict.fromkeys(shapes, 0)
-        self.post(family, functools.partial(_seeded, shapes=tuple(shapes)))
+        self.post(family, lambda family_record: learned.seeded(family_record.learned, shapes))
 
     def _publish(
         self, before: Mapping[bytes, int], after: Mapping[bytes, int], request: Mapping[str, Any]
@@ -289,7 +222,8 @@ class SessionTracker:
         """Shapes this request learned, into its family's record (made if new)."""
         shapes = tuple(key for key in after if len(key) == 8 and key not in before)
         if shapes:
-            self.post(self._family(request), functools.partial(_taught, shapes=shapes), create=True)
+            family = self._family(request)
+            self.post(family, lambda record: learned.taught(record.learned, shapes), create=True)
 
     def _mask(self, learned_keys: Mapping[bytes, int]) -> Callable[[str], str]:
         test = learned.learned_line(learned_keys, self.detector.mask)
@@ -375,27 +309,11 @@ class SessionTracker:
         this request: worked out once, from the record the request was rewritten with
         (``session`` may be a fresher load of it, after a lost compare and set)."""
         if turn.notes is None:
-            turn.notes = self._notes_after(turn)
+            turn.notes = notes_after(
+                turn.client_messages, self.detector, turn.session, turn.lookup_keys, turn.keys
+            )
         if turn.notes:
             session.note_carriers, session.last_note_lines = turn.notes
-
-    def _notes_after(self, turn: Turn) -> tuple[tuple[bytes, ...], tuple[str, ...]] | tuple[()]:
-        lines = volatile_lines(turn.client_messages, self.detector, turn.session)
-        target = note_target(turn.client_messages)
-        record = turn.session
-        if target is None or not lines:
-            return ()
-        said = said_before(record, turn.lookup_keys, target)
-        carriers = record.note_carriers
-        if turn.lookup_keys is not turn.keys:  # found by the keys of the prompt before
-            renamed = dict(zip(turn.lookup_keys, turn.keys, strict=False))
-            carriers = tuple(renamed.get(key, key) for key in carriers)
-        if all(line in said for line in lines):
-            return carriers, record.last_note_lines  # no note: the notes say it all
-        key = turn.keys[target]
-        # A note of the new lines joins the notes before it; a full note starts again. All
-        # the lines are in the history's notes from now on.
-        return ((*carriers, key) if said else (key,)), lines
 
     async def close(self, turn: Turn, exchange: Exchange) -> None:
         """After the reply: remember it (only a complete, successful one; once), let the
@@ -445,7 +363,7 @@ class SessionTracker:
         for key, value in pinnable(turn.template_kwargs, self.detector).items():
             session.pinned_template_kwargs.setdefault(key, value)
         self._note_placed(turn, session)
-        lead = _leading_system(turn.client_messages)
+        lead = leading_system(turn.client_messages)
         session.system_key = turn.keys[lead - 1] if lead else b""
         if not session.head:
             exchanged = [*turn.client_messages, exchange.reply]

@@ -221,6 +221,29 @@ class _State:
         return self.learned
 
 
+# Shapes a family record keeps (proxy.tracker: conversations sharing a system prompt).
+MAX_FAMILY_SHAPES = 32
+
+
+def seeded(family: dict[bytes, int], shapes: Iterable[bytes]) -> None:
+    """A new session started with ``shapes`` of its family: each seeds ``UNLEARN_AFTER``
+    sessions, then a session that learns it again renews it (``taught``)."""
+    for key in shapes:
+        if key in family:
+            family[key] += 1
+            if family[key] >= UNLEARN_AFTER:
+                del family[key]
+
+
+def taught(family: dict[bytes, int], shapes: Iterable[bytes]) -> None:
+    """A session learned ``shapes`` itself: they seed again (the newest kept)."""
+    for key in shapes:
+        family.pop(key, None)
+        family[key] = 0
+    while len(family) > MAX_FAMILY_SHAPES:
+        del family[next(iter(family))]
+
+
 def learnable(line: str) -> bool:
     """Whether a line may be learned as part of a block: it has a word or number in it."""
     return bool(_WORD.search(line))

@@ -277,6 +277,32 @@ def volatile_lines(
     return tuple(moved)
 
 
+def notes_after(
+    messages: list[Any],
+    detector: VolatileDetector,
+    record: Any,
+    lookup_keys: Sequence[bytes],
+    keys: Sequence[bytes],
+) -> tuple[tuple[bytes, ...], tuple[str, ...]] | tuple[()]:
+    """(the record's note carriers, its note lines) after a request whose ``messages`` were
+    rewritten with ``record``; () if it has nothing to say. ``lookup_keys``: the keys its
+    history was found by; ``keys``: the keys it is recorded by."""
+    lines = volatile_lines(messages, detector, record)
+    target = note_target(messages)
+    if target is None or not lines:
+        return ()
+    said = said_before(record, lookup_keys, target)
+    carriers = record.note_carriers
+    if lookup_keys is not keys:  # found by the keys of the prompt before
+        renamed = dict(zip(lookup_keys, keys, strict=False))
+        carriers = tuple(renamed.get(key, key) for key in carriers)
+    if all(line in said for line in lines):
+        return carriers, record.last_note_lines  # no note: the notes say it all
+    # A note of the new lines joins the notes before it; a full note starts again. All the
+    # lines are in the history's notes from now on.
+    return ((*carriers, keys[target]) if said else (keys[target],)), lines
+
+
 def learned_of(session: Any, detector: VolatileDetector) -> Callable[[str], bool] | None:
     """The session's learned volatile lines as a test (proxy.rewrite.learned)."""
     return learned_line(getattr(session, "learned", None), detector.mask)
