@@ -210,7 +210,7 @@ class SessionTracker:
         renews it, so a number edited once in a shared prompt is not moved for ever."""
         family = self._family(request)
         record = await self.store.get(family)
-        shapes = [key for key in record.learned if len(key) == 8] if record else []
+        shapes = learned.shapes(record.learned if record else None)
         if not shapes:
             return
         session.learned = dict.fromkeys(shapes, 0)
@@ -220,7 +220,7 @@ class SessionTracker:
         self, before: Mapping[bytes, int], after: Mapping[bytes, int], request: Mapping[str, Any]
     ) -> None:
         """Shapes this request learned, into its family's record (made if new)."""
-        shapes = tuple(key for key in after if len(key) == 8 and key not in before)
+        shapes = learned.shapes(after) - learned.shapes(before)
         if shapes:
             family = self._family(request)
             self.post(family, lambda record: learned.taught(record.learned, shapes), create=True)

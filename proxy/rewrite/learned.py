@@ -285,6 +285,12 @@ def keyed(base: Mask, test: Callable[[str], bool] | None) -> Mask:
     return key
 
 
+def shapes(learned: Iterable[bytes] | None) -> frozenset[bytes]:
+    """The line shapes among learned keys (what a family shares: block lines are one
+    conversation's own)."""
+    return _split(learned)[0]
+
+
 def _split(learned: Iterable[bytes] | None) -> tuple[frozenset[bytes], frozenset[bytes]]:
     """(learned shapes, learned block lines' text keys)."""
     shapes: set[bytes] = set()
