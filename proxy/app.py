@@ -29,6 +29,7 @@ from proxy.fanout import FanoutGate
 from proxy.metrics import Metrics
 from proxy.passthrough import PassthroughCall
 from proxy.paths import PathPolicy
+from proxy.responses.call import RESPONSES_ROUTE, ResponsesCall
 from proxy.rewrite import Pipeline, Transform
 from proxy.rewrite.canonical_tools import canonical_tools
 from proxy.rewrite.restore import restore_history
@@ -213,6 +214,11 @@ def create_app(
     app.router.routes.extend(
         [
             Route(CHAT_ROUTE, Endpoint(lambda down: ChatCall(chat, down)), methods=["POST"]),
+            Route(
+                RESPONSES_ROUTE,
+                Endpoint(lambda down: ResponsesCall(chat, down)),
+                methods=["POST"],
+            ),
             Route("/health", probes.health, methods=["GET"]),
             Route("/ready", probes.ready, methods=["GET"]),
             # On its own port (metrics_port), /metrics is not served here: a 404 below.

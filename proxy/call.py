@@ -31,7 +31,7 @@ from proxy.errors import (
 )
 from proxy.exchange import Recorder
 from proxy.failopen import FailOpenLog
-from proxy.relay import ChatStreamWatcher, relay_chunks
+from proxy.relay import StreamWatcher, relay_chunks
 from proxy.upstream import RawHeaders, Upstream, UpstreamResponse
 
 JSON = b"application/json"
@@ -181,7 +181,7 @@ class Call:
         )
 
     async def relay(
-        self, headers: list[tuple[bytes, bytes]], watcher: ChatStreamWatcher | None = None
+        self, headers: list[tuple[bytes, bytes]], watcher: StreamWatcher | None = None
     ) -> None:
         """The upstream body to the client as it arrives; recorded before the last message,
         so a client that saw the end also sees this request in /metrics."""
@@ -217,7 +217,7 @@ class Call:
         with contextlib.suppress(ClientGone):
             if self.down.started:
                 if self._is_event_stream():
-                    await self.down.end(sse_error_event(error))
+                    await self.down.end(self.stream_error_event(error))
                 return
             headers = [
                 (b"content-type", JSON),
@@ -225,6 +225,10 @@ class Call:
                 *error.headers,
             ]
             await self.down.respond(error.status, headers, jsonio.dumps(error.body()))
+
+    def stream_error_event(self, error: ProxyError) -> bytes:
+        """An event stream's last event when the call fails after it began."""
+        return sse_error_event(error)
 
     def _is_event_stream(self) -> bool:
         return self.response is not None and hdrs.is_event_stream(self.response.headers)

@@ -23,7 +23,7 @@ from proxy.engines import Engine
 from proxy.errors import BadRequest
 from proxy.failopen import FailOpenLog
 from proxy.fanout import FanoutGate
-from proxy.relay import ChatStreamWatcher
+from proxy.relay import ChatStreamWatcher, StreamWatcher
 from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.stream_usage import request_usage
 from proxy.sessions import fingerprint
@@ -101,7 +101,7 @@ class ChatCall(Call):
     async def handle(self) -> None:
         exchange = self.exchange
         body = await self.down.read_body(self.settings.max_body_bytes)
-        payload = self.payload = parse_chat_request(body)
+        payload = self.payload = self.read_request(body)
         exchange.model = str(payload.get("model") or "")
         exchange.stream = streams(payload.get("stream"))
         self.turn = await self.open_session(payload)
@@ -127,16 +127,28 @@ class ChatCall(Call):
 
     # -- the steps -----------------------------------------------------------------------
 
+    def read_request(self, body: bytes) -> dict[str, Any]:
+        """The request as the conversation the pipeline reads (a chat request, here)."""
+        return parse_chat_request(body)
+
+    def read_reply(self, body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """(usage, the reply as a chat message) of a whole, successful reply."""
+        return read_reply(body)
+
     async def open_session(self, payload: dict[str, Any]) -> Turn | None:
         sessions = self.chat.sessions
         if sessions is None:
             return None
         turn = await sessions.open(self.down.headers, payload)
-        if turn is not None:  # for the proxy's own requests on this client's behalf
+        self.credit(turn)
+        return turn
+
+    def credit(self, turn: Turn | None) -> None:
+        """The credentials for the proxy's own requests on this client's behalf."""
+        if turn is not None:
             turn.credentials = hdrs.upstream_credentials(
                 self.settings.upstream_api_key
             ) or hdrs.credentials(self.down.raw_headers)
-        return turn
 
     def routing_headers(self) -> list[tuple[bytes, bytes]]:
         """The session for a router in front of the engines: its key, and the affinity
@@ -213,7 +225,8 @@ class ChatCall(Call):
         if turn is None or sessions is None:
             return forwarded
         rewritten = forwarded.get("messages")
-        if compactor is not None and self.rewriting:
+        # A request whose history the engine holds (previous_response_id) has none to fold.
+        if compactor is not None and self.rewriting and turn.full_history:
             try:
                 forwarded = await compactor.apply(forwarded, turn, self.exchange)
             except Exception as exc:  # fail open: the request goes on uncompacted
@@ -238,7 +251,7 @@ class ChatCall(Call):
             self.exchange.rewrite_failures += ("encode",)
             return body
 
-    def watcher(self) -> ChatStreamWatcher:
+    def watcher(self) -> StreamWatcher:
         return ChatStreamWatcher(
             self.exchange,
             strip_usage=self.strip_usage,
@@ -254,7 +267,7 @@ class ChatCall(Call):
         exchange = self.exchange
         body = await self.read()
         if exchange.status == 200:
-            exchange.usage, exchange.reply = read_reply(body)
+            exchange.usage, exchange.reply = self.read_reply(body)
         elif exchange.status == 400 and any(marker in body for marker in OVERFLOW_MARKERS):
             exchange.context_overflow = True
         self.log_body("response", body)

@@ -21,6 +21,9 @@ REASONS = (
     "history_rewritten",
     "compaction",  # set by the tracker: the proxy compacted this request (proxy.compaction)
     "volatile_learned",  # set by the tracker: lines of the system prompt learned volatile
+    # set by the tracker: the engine holds the history (a Responses previous_response_id),
+    # the request carries only what is new, so its continuity is the engine's to judge
+    "engine_history",
 )
 
 

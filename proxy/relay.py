@@ -4,13 +4,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from proxy import jsonio, sse
 from proxy.chunks import ReplyAssembler, carries_token
-from proxy.errors import UpstreamError, UpstreamProtocolError, sse_error_event
+from proxy.errors import ProxyError, UpstreamError, UpstreamProtocolError, sse_error_event
 from proxy.exchange import Exchange
 from proxy.upstream import UpstreamResponse
+
+
+class StreamWatcher(Protocol):
+    """Reads a stream's events as they pass (ChatStreamWatcher, and the Responses one in
+    proxy.responses.events): what ``relay_chunks`` needs of it."""
+
+    error: Any
+    reply_ready: bool
+
+    @property
+    def reply_too_long(self) -> bool: ...
+
+    def relay(self, chunk: bytes, now: float) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+    async def deliver_reply(self) -> None: ...
+
+    def error_event(self, error: ProxyError) -> bytes: ...
 
 
 class ChatStreamWatcher:
@@ -73,6 +92,9 @@ class ChatStreamWatcher:
             self.reply_ready = False
             await on_reply()
 
+    def error_event(self, error: ProxyError) -> bytes:
+        return sse_error_event(error)
+
     def _route(self, event: bytes, now: float, out: list[bytes]) -> None:
         data = sse.event_data(event)
         payload = _payload(data)
@@ -133,7 +155,7 @@ def _with_fingerprint(event: bytes, fingerprint: Any) -> bytes:
 
 
 async def relay_chunks(
-    upstream: UpstreamResponse, exchange: Exchange, watcher: ChatStreamWatcher | None
+    upstream: UpstreamResponse, exchange: Exchange, watcher: StreamWatcher | None
 ) -> AsyncIterator[bytes]:
     """The upstream body, chunk by chunk. A failure mid-stream ends a chat stream with an
     OpenAI-style error event instead of a hang or a silent cut; a body not read event by
@@ -158,4 +180,4 @@ async def relay_chunks(
         exchange.error_kind = error.kind
         if watcher is None:
             raise
-        yield sse_error_event(error)
+        yield watcher.error_event(error)

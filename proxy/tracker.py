@@ -28,7 +28,8 @@ from proxy.transcript import Memo, Memos, chain_keys, exact_chain
 
 log = logging.getLogger("prefill_proxy.sessions")
 
-ALIAS_PREFIX = "a:"  # alias records' keys (session keys start h:, u:, p:, f:)
+ALIAS_PREFIX = "a:"  # alias records' keys (session keys start h:, u:, p:, c:, f:)
+RESPONSE_PREFIX = "r:"  # a Responses API response id -> the session it answered
 FAMILY_PREFIX = "l:"  # family records: line shapes learned by conversations sharing a prompt
 
 
@@ -67,6 +68,12 @@ class Turn:
     memo: Memo | None = None
     forwarded_chain: list[bytes] | None = None
     body_bytes: int = 0  # the client's body, as received
+    # False when the engine holds the earlier history (previous_response_id): the request
+    # carries only new items, so nothing is compacted, judged or warmed from it.
+    full_history: bool = True
+    # The Responses API id of the reply, pointed to this session when saved (a later
+    # request chaining on it finds the session, and so the engine that stored it).
+    response_id: str = ""
     # The record's note carriers and lines after this request (None: not worked out yet).
     notes: tuple[tuple[bytes, ...], tuple[str, ...]] | tuple[()] | None = None
     recorded: bool = False
@@ -146,12 +153,27 @@ class SessionTracker:
         await self.settled()
         await self.store.aclose()
 
-    async def open(self, headers: Mapping[str, str], request: dict[str, Any]) -> Turn | None:
+    async def open(
+        self,
+        headers: Mapping[str, str],
+        request: dict[str, Any],
+        *,
+        conversation: str = "",
+        chained_to: str = "",
+    ) -> Turn | None:
+        """The request's session. A Responses request may also name it by its
+        ``conversation`` or continue a response (``chained_to``: previous_response_id)."""
         messages = request.get("messages")
         if not isinstance(messages, list):
             return None
         try:
             key, source = identify(headers, request, self.detector.key)
+            if source == "fingerprint" and conversation:
+                key, source = "c:" + conversation, "conversation"
+            elif source == "fingerprint" and chained_to:
+                pointer = await self.store.get(RESPONSE_PREFIX + chained_to)
+                key = pointer.alias_of if pointer and pointer.alias_of else "r:" + chained_to
+                source = "previous_response_id"
             session = await self.store.get(key)
             outcome, alias = ("new" if session is None else "found"), ""
             if session is None and source == "fingerprint":
@@ -195,6 +217,7 @@ class SessionTracker:
             self._metrics.volatile_lines_learned.inc(new)
         turn.follows_tool_calls = session.last_reply_tool_calls > 0
         turn.warmed = session.warmed
+        turn.full_history = not chained_to
         return turn
 
     def _family(self, request: Mapping[str, Any]) -> str:
@@ -289,6 +312,9 @@ class SessionTracker:
             exchange.prefix_break = "compaction"
             exchange.expected_cached = 0
             return
+        if not turn.full_history:
+            exchange.prefix_break = "engine_history"
+            return
         try:
             turn.forwarded_chain = exact_chain(turn.forwarded_messages, turn.memo)
             continuity = prefix.classify(
@@ -377,6 +403,13 @@ class SessionTracker:
             pointer.alias_of = key
             await self.store.save(pointer)  # lost to another new session: it is as new
 
+    async def _point_to(self, turn: Turn, key: str) -> None:
+        """The records that lead to a saved session: its alias, its reply's response id."""
+        if turn.alias:
+            await self._point(turn.alias, key)
+        if turn.response_id:
+            await self._point(RESPONSE_PREFIX + turn.response_id, key)
+
     async def _save(self, turn: Turn, exchange: Exchange) -> None:
         """Compare and set. When another request of the session saved first (a retry, two
         sub-agents sharing a head, a background result), its record is loaded again and
@@ -386,8 +419,7 @@ class SessionTracker:
         try:
             if await self.store.save(turn.session):
                 self._metrics.sessions_saved.inc()
-                if turn.alias:
-                    await self._point(turn.alias, key)
+                await self._point_to(turn, key)
                 return
             self._metrics.session_conflicts.inc()
             fresh = await self.store.get(key) or Session(key)
@@ -401,6 +433,8 @@ class SessionTracker:
             self._remember(turn, fresh, exchange)
             if await self.store.save(fresh):
                 self._metrics.sessions_saved.inc()
+                if turn.response_id:
+                    await self._point(RESPONSE_PREFIX + turn.response_id, key)
             else:
                 log.warning("session %s changed twice during one save; reply not kept", key)
         except Exception as exc:  # fail open

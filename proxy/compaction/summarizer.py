@@ -21,6 +21,7 @@ from typing import Any
 
 from proxy import jsonio
 from proxy.errors import UpstreamError
+from proxy.responses.items import strip_sources
 from proxy.upstream import RawHeaders, Upstream
 
 INSTRUCTIONS = (
@@ -117,7 +118,8 @@ def in_context_request(
     costs the engine the question and the answer, not a re-read of the history. Tools
     stay in the request, so the rendered prefix stays the same, with tool_choice none."""
     ask = {field: request[field] for field in _PROMPT_FIELDS if field in request}
-    ask["messages"] = [*messages, {"role": "user", "content": IN_CONTEXT_INSTRUCTIONS}]
+    question = {"role": "user", "content": IN_CONTEXT_INSTRUCTIONS}
+    ask["messages"] = [*strip_sources(messages), question]
     if ask.get("tools"):
         ask["tool_choice"] = "none"
     ask.update(max_tokens=max_tokens, temperature=0, stream=False)

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy import jsonio
+from proxy.responses.items import strip_sources
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default on GPUs
 # Fields of a chat request that change how its messages render (vLLM's TokenizeChatRequest
@@ -65,7 +66,7 @@ def _extra(request: dict[str, Any], priority: int) -> dict[str, Any]:
 def tokenize_body(request: dict[str, Any], messages: Sequence[Any]) -> dict[str, Any]:
     """The /tokenize request for the rendered conversation, without a generation prompt."""
     return _common(request) | {
-        "messages": list(messages),
+        "messages": strip_sources(messages),
         "add_generation_prompt": False,
         "continue_final_message": False,
     }
@@ -81,7 +82,7 @@ def chat_body(request: dict[str, Any], messages: Sequence[Any], priority: int) -
     """The fallback: a chat completion of the same prompt, one token long."""
     return (
         _common(request)
-        | {"messages": list(messages), "add_generation_prompt": False, "max_tokens": 1}
+        | {"messages": strip_sources(messages), "add_generation_prompt": False, "max_tokens": 1}
         | {"stream": False}
         | _extra(request, priority)
     )

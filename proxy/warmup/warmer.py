@@ -143,6 +143,8 @@ class Warmer:
             pace.replied_at = None
             return
         pace.replied_at = wall
+        if not turn.full_history:
+            return  # the engine holds the history (previous_response_id): no prompt to warm
         delay = warm_delay(pace.gaps, self._recompute_s)
         job = _Job(
             turn.request,
