@@ -72,7 +72,7 @@ class ResponsesCall(ChatCall):
     def encode(self, forwarded: dict[str, Any], body: bytes) -> bytes:
         """The client's request with the conversation the pipeline made."""
         try:
-            wire = items.to_responses(self.original, forwarded)
+            wire = items.to_responses(self.original, forwarded, self.payload)
         except Exception as exc:  # fail open: the client's own bytes go instead
             self.chat.failures.failed("responses encode", exc)
             self.exchange.rewrite_failures += ("encode",)

@@ -71,32 +71,44 @@ def to_chat(request: Mapping[str, Any]) -> dict[str, Any]:
     return chat
 
 
-def to_responses(original: dict[str, Any], chat: Mapping[str, Any]) -> dict[str, Any]:
+def to_responses(
+    original: dict[str, Any], chat: Mapping[str, Any], read: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """``original`` with its conversation replaced by ``chat``'s (what the pipeline made
-    of ``to_chat(original)``): the same object when nothing changed."""
-    if chat.get("messages") == to_chat(original).get("messages") and _same_extras(original, chat):
+    of ``read``, which is ``to_chat(original)``): ``original`` itself when nothing changed.
+    Sameness is exact (the bytes the engine renders), never Python's ``==``, which is blind
+    to key order; the pipeline's untouched messages are the very objects it was given."""
+    read = to_chat(original) if read is None else read
+    messages = chat.get("messages") or []
+    tools = chat.get("tools")
+    same_messages = same(messages, read.get("messages"))
+    same_tools = same(tools, read.get("tools"))
+    parallel = chat.get("parallel_tool_calls")
+    if same_messages and same_tools and same(parallel, original.get("parallel_tool_calls")):
         return original
-    forwarded = {key: value for key, value in original.items() if key not in ("instructions",)}
-    instructions, items = _items(chat.get("messages") or [], original)
-    if instructions is not None:
-        forwarded["instructions"] = instructions
-    forwarded["input"] = items
-    if "tools" in chat:
-        tools = chat["tools"]
-        original_tools = original.get("tools")
-        same = isinstance(original_tools, list) and tools == [chat_tool(t) for t in original_tools]
-        forwarded["tools"] = original_tools if same else [responses_tool(t) for t in tools]
+    forwarded = dict(original)
+    if not same_messages:
+        forwarded.pop("instructions", None)
+        instructions, forwarded["input"] = _items(messages, original)
+        if instructions is not None:
+            forwarded["instructions"] = instructions
+    if not same_tools and isinstance(tools, list):
+        forwarded["tools"] = [responses_tool(tool) for tool in tools]
     if "parallel_tool_calls" in chat:
-        forwarded["parallel_tool_calls"] = chat["parallel_tool_calls"]
+        forwarded["parallel_tool_calls"] = parallel
     return _ordered(forwarded, original)
 
 
-def _same_extras(original: Mapping[str, Any], chat: Mapping[str, Any]) -> bool:
-    tools = original.get("tools")
-    chat_tools = [chat_tool(t) for t in tools] if isinstance(tools, list) else None
-    return chat.get("tools") == chat_tools and chat.get("parallel_tool_calls") == original.get(
-        "parallel_tool_calls"
-    )
+def same(a: Any, b: Any) -> bool:
+    """Whether two parsed JSON values are the same bytes (key order included)."""
+    if a is b:
+        return True
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return type(a) is type(b) and jsonio.dumps(a) == jsonio.dumps(b)
+    except jsonio.InvalidJSON:
+        return False
 
 
 def _ordered(forwarded: dict[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
@@ -243,7 +255,7 @@ def message_items(message: Any) -> list[Any]:
         return [message]
     source = message.get(SOURCE)
     if isinstance(source, list) and source:
-        if _without_source(message) == _without_source(_read_back(source)):
+        if same(_without_source(message), _without_source(_read_back(source))):
             return list(source)
         changed = _written_into(message, source)
         if changed is not None:

@@ -65,6 +65,7 @@ def create_sim_app(
     app.state.engine = engine
     app.state.config = config
     app.add_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
+    app.add_route("/v1/responses", routes.responses, methods=["POST"])
     app.add_route("/v1/completions", routes.completions, methods=["POST"])
     app.add_route("/v1/models", routes.models, methods=["GET"])
     app.add_route("/tokenize", routes.tokenize, methods=["POST"])

@@ -12,8 +12,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy import jsonio
+from proxy.responses.items import NotAConversation
 from proxy.sim import reply as replies
 from proxy.sim import responses
+from proxy.sim import responses_api as api
 from proxy.sim.config import SimConfig
 from proxy.sim.conversation import InvalidConversation
 from proxy.sim.engine import Engine, Handle
@@ -164,6 +166,62 @@ class SimRoutes:
             yield responses.DONE
         finally:
             self.engine.abort(handle)  # the client left mid-stream: free its blocks now
+
+    async def responses(self, request: Request) -> Response:
+        """/v1/responses: the items rendered as vLLM renders them (as chat messages), the
+        chat answer written as output items."""
+        try:
+            payload = await self._json(request)
+            if not isinstance(payload, dict):
+                raise RequestError(400, "request body must be a JSON object", "Bad Request")
+            previous = payload.get("previous_response_id")
+            if previous is not None:
+                message = f"Response with id '{previous}' not found."
+                raise RequestError(404, message, "invalid_request_error", "response_id")
+            try:
+                chat_payload = api.chat_payload(payload)
+            except NotAConversation as exc:
+                raise RequestError(400, str(exc), "invalid_request_error", "input") from exc
+            chat = parse_chat(chat_payload, self.config.model_name, self.config.max_model_len)
+            prompt = self._render(chat_payload, chat.messages)
+            limit = output_limit(chat, len(prompt.tokens), self.config.max_model_len)
+        except RequestError as exc:
+            return error(exc)
+        plan = self._plan(chat, prompt, limit)
+        fmt = api.ResponseFormat(
+            api.new_response_id(), int(time.time()), self.config.model_name, payload
+        )
+        handle = self.engine.submit(
+            fmt.response_id, prompt.tokens, plan.tokens, plan.engine_finish_reason, chat.cache_salt
+        )
+        status = "incomplete" if plan.finish_reason == "length" else "completed"
+        if chat.stream:
+            events = self._response_events(handle, plan, fmt, status)
+            return StreamingResponse(events, media_type="text/event-stream")
+        try:
+            async for _ in handle.tokens():
+                pass
+        finally:
+            self.engine.abort(handle)
+        output = api.output_items(plan.message())
+        used = api.usage(handle.prompt_tokens, handle.completion_tokens, handle.cached_tokens)
+        return Response(jsonio.dumps(fmt.body(status, output, used)), media_type=JSON)
+
+    async def _response_events(
+        self, handle: Handle, plan: replies.Plan, fmt: api.ResponseFormat, status: str
+    ) -> AsyncIterator[bytes]:
+        output = api.StreamedOutput(fmt)
+        try:
+            for event in fmt.opening():
+                yield event
+            async for index in handle.tokens():
+                for event in output.deltas(plan.deltas[index]):
+                    yield event
+            used = api.usage(handle.prompt_tokens, handle.completion_tokens, handle.cached_tokens)
+            for event in output.closing(status, used):
+                yield event
+        finally:
+            self.engine.abort(handle)
 
     async def completions(self, request: Request) -> Response:
         """/v1/completions, non-streamed: a text or token-id prompt, a synthetic answer.

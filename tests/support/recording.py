@@ -37,13 +37,14 @@ class Exchange:
 
     def response_events(self) -> list[dict[str, Any]]:
         """The response as JSON objects: the one body, or each SSE event of a stream."""
-        if not self.response.lstrip().startswith(b"data:"):
+        if not self.response.lstrip().startswith((b"data:", b"event:")):
             return [json.loads(self.response)]
         events = []
         for block in self.response.split(b"\n\n"):
-            data = block.removeprefix(b"data: ")
-            if block.startswith(b"data: ") and data != b"[DONE]":
-                events.append(json.loads(data))
+            for line in block.split(b"\n"):  # a Responses event names its type first
+                data = line.removeprefix(b"data: ")
+                if line.startswith(b"data: ") and data != b"[DONE]":
+                    events.append(json.loads(data))
         return events
 
 
