@@ -55,3 +55,45 @@ def _step(
     if calls:
         message["tool_calls"] = [calls[index] for index in sorted(calls)]
     return message
+
+
+def run_on_responses(base_url: str, model: str, *, stream: bool) -> str:
+    """The same loop on ``client.responses.create``: the output items go back as input
+    with each call's arguments re-encoded (``json.dumps`` spacing, as a loop that parses
+    and rebuilds them sends them)."""
+    client = openai.OpenAI(base_url=base_url, api_key=weather.API_KEY, max_retries=0)
+    items: list[Any] = [{"role": "user", "content": weather.PROMPT}]
+    forced = {"type": "function", "name": weather.NAME}
+    output = _respond(client, model, items, stream, tool_choice=forced).output
+    for item in output:
+        sent = item.model_dump(exclude_none=True)
+        if item.type == "function_call":
+            arguments = json.loads(item.arguments)
+            sent["arguments"] = json.dumps(arguments)
+            result = weather.get_weather(**arguments)
+            items += [
+                sent,
+                {"type": "function_call_output", "call_id": item.call_id, "output": result},
+            ]
+        else:
+            items.append(sent)
+    return _respond(client, model, items, stream, tool_choice="none").output_text
+
+
+def _respond(client: openai.OpenAI, model: str, items: list, stream: bool, tool_choice: Any) -> Any:
+    """One response (the completed one, when streamed)."""
+    tool = weather.openai_tool()["function"]
+    request: dict[str, Any] = {
+        "model": model,
+        "input": items,
+        "tools": [{"type": "function", **tool}],
+        "tool_choice": tool_choice,
+        "max_output_tokens": weather.MAX_TOKENS,
+        "temperature": 0.0,
+    }
+    if not stream:
+        return client.responses.create(**request)
+    events = list(client.responses.create(**request, stream=True))
+    return next(
+        e.response for e in events if e.type in ("response.completed", "response.incomplete")
+    )

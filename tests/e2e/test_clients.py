@@ -120,20 +120,65 @@ def test_langchain_reserialized_arguments_reach_vllm_when_nothing_rewrites(vllm_
     assert loop.forwarded == loop.sent_back
 
 
-def test_agents_sdk_string_model_loops_on_the_responses_api(proxy, vllm_server) -> None:
-    """The Agents SDK's default for a string model is /v1/responses; its tool loop passes
-    through as it is. Streamed only: without a stream the SDK refuses the final answer,
-    which a random model always ends at max_output_tokens ("incomplete")."""
-    CLIENTS["openai-agents"].run(proxy, vllm_server.model, stream=True, entry="run_on_responses")
+# Clients on the Responses API, with the streams each runs: the Agents SDK refuses a final
+# answer that is not "completed" without a stream (a random model ends at
+# max_output_tokens), so it runs streamed only.
+RESPONSES_CLIENTS = [
+    ("openai-agents", True),
+    ("openai-python", False),
+    ("openai-python", True),
+    ("vercel-ai", False),
+    ("vercel-ai", True),
+]
+
+
+def emitted_items(exchange: Exchange) -> list[dict[str, Any]]:
+    """A response's output items as the engine emitted them (the terminal event's)."""
+    events = exchange.response_events()
+    terminal = [
+        e["response"]
+        for e in events
+        if e.get("type") in ("response.completed", "response.incomplete")
+    ]
+    return (terminal or events)[-1]["output"]
+
+
+@pytest.mark.parametrize(("name", "stream"), RESPONSES_CLIENTS)
+def test_tool_loop_on_the_responses_api(name: str, stream: bool, proxy, vllm_server) -> None:
+    """Each client's two-step loop on /v1/responses: step two continues step one exactly,
+    the call going upstream as vLLM emitted it whatever the client sent back."""
+    CLIENTS[name].run(proxy, vllm_server.model, stream=stream, entry="run_on_responses")
 
     assert [(e.path, e.status) for e in proxy.exchanges] == [(RESPONSES, 200)] * 2
-    first, second = (e.json() for e in proxy.exchanges)
-    assert first["stream"] is second["stream"] is True
-    (call,) = [item for item in second["input"] if item.get("type") == "function_call"]
-    (output,) = [item for item in second["input"] if item.get("type") == "function_call_output"]
-    assert output["call_id"] == call["call_id"]
-    assert output["output"] == weather.get_weather(json.loads(call["arguments"])["city"])
+    first, second = proxy.exchanges
+    assert second.json().get("stream", False) is stream
+    (emitted,) = [item for item in emitted_items(first) if item["type"] == "function_call"]
+    assert json.loads(emitted["arguments"])["city"] in weather.CITIES
+    sent = [item for item in second.json()["input"] if item.get("type") == "function_call"]
+    forwarded = [
+        item for item in proxy.forwarded[1]["input"] if item.get("type") == "function_call"
+    ]
+    assert [item["call_id"] for item in sent] == [emitted["call_id"]]
+    assert forwarded == [emitted]  # the emitted item, byte for byte (as JSON: same order)
+    assert json.dumps(forwarded[0]) == json.dumps(emitted)
+    if name == "openai-python":  # it re-encodes the arguments
+        assert sent[0]["arguments"] != emitted["arguments"]
+    (output,) = [
+        item for item in second.json()["input"] if item.get("type") == "function_call_output"
+    ]
+    assert output["output"] == weather.get_weather(json.loads(emitted["arguments"])["city"])
+
     proxy.wait_for(lambda: requests_answered(proxy, RESPONSES) == 2)
+    breaks = {
+        r: proxy.sample("prefill_proxy_prefix_breaks_total", reason=r) for r in prefix.REASONS
+    }
+    assert breaks == {**dict.fromkeys(prefix.REASONS, 0.0), "new_session": 1.0, "none": 1.0}
+    labels = {"route": RESPONSES, "model": vllm_server.model}
+    assert proxy.sample("prefill_proxy_prompt_tokens_total", **labels) > 0
+    assert proxy.sample("prefill_proxy_cached_prompt_tokens_total", **labels) > 0
+    assert proxy.sample("prefill_proxy_completion_tokens_total", **labels) > 0
+    first_tokens = proxy.sample("prefill_proxy_time_to_first_token_seconds_count", **labels)
+    assert first_tokens == (2 if stream else 0)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["non-stream", "stream"])

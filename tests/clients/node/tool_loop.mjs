@@ -1,16 +1,22 @@
-// The Vercel AI SDK (`ai` + `@ai-sdk/openai-compatible`) driving the weather tool loop.
-// Usage: node tool_loop.mjs BASE_URL MODEL stream|non-stream
+// The Vercel AI SDK (`ai` + `@ai-sdk/openai-compatible`, or `@ai-sdk/openai` on the
+// Responses API) driving the weather tool loop.
+// Usage: node tool_loop.mjs BASE_URL MODEL stream|non-stream [chat|responses]
 // Prints one JSON line: the final text and each step's tool calls and results.
+import { createOpenAI } from "@ai-sdk/openai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { generateText, jsonSchema, stepCountIs, streamText, tool } from "ai";
 
-const [baseURL, modelId, mode] = process.argv.slice(2);
+const [baseURL, modelId, mode, api = "chat"] = process.argv.slice(2);
 if (!baseURL || !modelId || !["stream", "non-stream"].includes(mode)) {
   console.error("usage: node tool_loop.mjs BASE_URL MODEL stream|non-stream");
   process.exit(2);
 }
 
-const provider = createOpenAICompatible({ name: "vllm", baseURL, apiKey: "sk-not-checked" });
+// `openai(id)` is the Responses API since @ai-sdk/openai 2.
+const model =
+  api === "responses"
+    ? createOpenAI({ baseURL, apiKey: "sk-not-checked" })(modelId)
+    : createOpenAICompatible({ name: "vllm", baseURL, apiKey: "sk-not-checked" }).chatModel(modelId);
 const getWeather = tool({
   description: "Current weather in a city.",
   inputSchema: jsonSchema({
@@ -23,7 +29,7 @@ const getWeather = tool({
 });
 
 const options = {
-  model: provider.chatModel(modelId),
+  model,
   tools: { get_weather: getWeather },
   prompt: "What is the weather in Paris?",
   maxOutputTokens: 24,
