@@ -45,6 +45,7 @@ class Config:
     progress: bool = False
     timeout: float = 600.0
     api_key: str | None = None
+    api: str = "chat"  # the wire format the client speaks: "chat" or "responses"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +123,7 @@ async def _replay(
             tool_latency=config.tool_latency,
             max_tokens=config.max_tokens,
             trim_tokens=config.trim_tokens,
+            api=config.api,
         )
         for label, url in targets:
             if config.reset_cache:

@@ -141,6 +141,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="longest wait for bytes from the server (default 600)",
     )
     parser.add_argument("--api-key", help="sent as a bearer token")
+    parser.add_argument(
+        "--api",
+        choices=("chat", "responses"),
+        default="chat",
+        help="the wire format the replayed client speaks: chat completions (default) or "
+        "the Responses API (/v1/responses: instructions, input items, typed events)",
+    )
 
 
 def to_config(args: argparse.Namespace) -> Config:
@@ -173,6 +180,7 @@ def to_config(args: argparse.Namespace) -> Config:
         progress=args.progress or sys.stderr.isatty(),
         timeout=args.timeout,
         api_key=args.api_key,
+        api=args.api,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from proxy.replay.profiles import Profile, Prompt
 from proxy.replay.traces import Step
+from proxy.responses import items
 
 REPLY_FIELD = "x_replay_reply"
 """Extension field carrying the recorded assistant message. The simulator streams it back,
@@ -45,3 +46,41 @@ def build(step: Step, profile: Profile, model: str, max_tokens: int | None = Non
         body["max_tokens"] = max_tokens
     body[REPLY_FIELD] = step.reply  # what the engine "emitted": always the recorded message
     return body
+
+
+# Sampling fields the Responses API takes (under these names); others are chat-only.
+_RESPONSES_SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "parallel_tool_calls": "parallel_tool_calls",
+}
+
+
+def as_responses(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat body (``build``'s) as the same client would send it to /v1/responses: the
+    leading system message as ``instructions``, the rest as input items (a tool call as a
+    ``function_call``, its result as a ``function_call_output``), tools flat."""
+    messages = list(body["messages"])
+    converted: dict[str, Any] = {"model": body["model"]}
+    if (
+        messages
+        and messages[0].get("role") == "system"
+        and isinstance(messages[0].get("content"), str)
+    ):
+        converted["instructions"] = messages.pop(0)["content"]
+    converted["input"] = [item for message in messages for item in items.message_items(message)]
+    if body.get("tools"):
+        converted["tools"] = [items.responses_tool(tool) for tool in body["tools"]]
+    for field, name in _RESPONSES_SAMPLING.items():
+        if field in body:
+            converted[name] = body[field]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        choice = {"type": "function", "name": choice["function"].get("name")}
+    if choice is not None:
+        converted["tool_choice"] = choice
+    converted["stream"] = body.get("stream", True)
+    converted[REPLY_FIELD] = body.get(REPLY_FIELD)
+    return converted

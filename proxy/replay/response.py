@@ -7,6 +7,8 @@ from typing import Any
 
 from proxy import jsonio, sse
 from proxy.chunks import carries_token
+from proxy.responses import items
+from proxy.responses.events import OUTPUT_DELTAS, TERMINAL_EVENTS
 
 OVERHEAD_HEADER = "x-prefill-proxy-overhead-ms"  # proxy.headers.OVERHEAD
 COMPACTION_HEADER = "x-prefill-proxy-compaction"
@@ -15,7 +17,8 @@ value is the kind (elide, summary, fallback)."""
 
 
 class StreamObserver:
-    """Feed it the response body as it arrives, with the time each chunk came."""
+    """Feed it the response body as it arrives, with the time each chunk came: a chat
+    completion's chunks or a Responses API's typed events."""
 
     def __init__(self) -> None:
         self._splitter = sse.EventSplitter()
@@ -45,6 +48,10 @@ class StreamObserver:
             return
         if not isinstance(payload, dict):
             return
+        kind = payload.get("type")
+        if kind is not None:  # a Responses event
+            self._read_typed(kind, payload, now)
+            return
         if "error" in payload:
             self.error = error_message(payload)
         if isinstance(payload.get("usage"), dict):
@@ -52,6 +59,17 @@ class StreamObserver:
         choices = payload.get("choices")
         if self.first_token_at is None and choices and any(carries_token(c) for c in choices):
             self.first_token_at = now
+
+    def _read_typed(self, kind: Any, payload: dict[str, Any], now: float) -> None:
+        if kind in OUTPUT_DELTAS and self.first_token_at is None:
+            self.first_token_at = now
+        elif kind == "error":
+            self.error = str(payload.get("message") or payload)[:500]
+        elif kind in TERMINAL_EVENTS:
+            self.usage = items.usage(payload.get("response")) or self.usage
+            if kind == "response.failed":
+                failed = payload.get("response")
+                self.error = error_message(failed) if isinstance(failed, dict) else "failed"
 
 
 def overhead_ms(value: str | None) -> float | None:

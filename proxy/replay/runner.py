@@ -28,6 +28,8 @@ from proxy.replay.response import (
 )
 from proxy.replay.traces import Conversation, Step, steps
 
+API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}
+
 
 class ReplayError(RuntimeError):
     """The replay cannot run (no model to use, a cache reset refused)."""
@@ -41,6 +43,7 @@ class Options:
     tool_latency: float = 0.0  # seconds the client "runs tools" before a step after tools
     max_tokens: int | None = None
     trim_tokens: int | None = None  # client-trim's budget (default: profiles.TRIM_TOKENS)
+    api: str = "chat"  # the wire format: "chat" (completions) or "responses"
 
 
 def make_client(concurrency: int, timeout: float, api_key: str | None = None) -> httpx.AsyncClient:
@@ -65,7 +68,7 @@ class Replayer:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._client = client
-        self._url = target.rstrip("/") + "/v1/chat/completions"
+        self._url = target.rstrip("/") + API_PATHS[options.api]
         self._options = options
         self._profile = profiles.select(options.profile, trim_tokens=options.trim_tokens)
         self._on_step = on_step
@@ -101,6 +104,8 @@ class Replayer:
         options = self._options
         body = request.build(step, self._profile, options.model, options.max_tokens)
         record = StepRecord(step.conversation.id, step.index, len(body["messages"]))
+        if options.api == "responses":
+            body = request.as_responses(body)
         observer = StreamObserver()
         content = jsonio.dumps(body)
         started = self._clock()

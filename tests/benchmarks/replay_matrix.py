@@ -38,6 +38,7 @@ def parse_args() -> argparse.Namespace:
     add("--concurrency", type=int, default=1, help="conversations in flight (default 1)")
     add("--max-tokens", type=int, help="max_tokens per step (real vLLM on a CPU: 16)")
     add("--profiles", default=",".join(PROFILES), help="comma-separated (default: all)")
+    add("--api", choices=("chat", "responses"), default="chat", help="the clients' wire format")
     add("--out", type=Path, default=Path(".artifacts/replay-matrix"), help="JSON folder")
     return parser.parse_args()
 
@@ -81,7 +82,7 @@ def main() -> int:
         # A fresh proxy (and simulator) per profile: sessions left by another profile's
         # run of the same conversations would make this run a retry of those.
         with simulator_and_proxy(args.speed, args.engine) as (engine, proxy):
-            path = args.out / f"{profile}.json"
+            path = args.out / f"{profile}-{args.api}.json"
             config = benchmark.Config(
                 target=engine,
                 compare=proxy,
@@ -92,6 +93,7 @@ def main() -> int:
                 concurrency=args.concurrency,
                 max_tokens=args.max_tokens,
                 json_path=path,
+                api=args.api,
             )
             status = asyncio.run(benchmark.execute(config, io.StringIO(), sys.stderr))
             if status == 2:
