@@ -84,6 +84,27 @@ def test_stream_is_relayed_while_the_upstream_is_still_generating(
     assert received[1]["choices"][0]["delta"]["content"] == WORDS[0]
 
 
+def test_a_responses_stream_cut_mid_stream_ends_with_a_responses_error_event(
+    fake_upstream, start_proxy
+) -> None:
+    """The Responses API's own last word: an ``error`` event numbered after the last one
+    relayed, every event before it as the engine sent it."""
+    proxy = start_proxy(fake_upstream.url)
+    request = {"model": "fake", "input": "hi", "stream": True}
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        whole = client.post("/v1/responses", json=request).content
+        body = client.post(
+            "/v1/responses", json=request, headers={"x-fault": "reset-mid-stream"}
+        ).content
+    *relayed, last = events_of(body)
+    assert b"".join(relayed) == b"".join(events_of(whole)[:2])
+    assert last.startswith(b"event: error\ndata: ")
+    error = json.loads(last.split(b"data: ", 1)[1])
+    assert error["type"] == "error" and error["code"] == "upstream_broken"
+    assert error["sequence_number"] == 2 and fake_upstream.url in error["message"]
+    assert proxy.sample("prefill_proxy_upstream_errors_total", kind="read") == 1
+
+
 def test_upstream_reset_mid_stream_ends_with_an_error_event(fake_upstream, start_proxy) -> None:
     proxy = start_proxy(fake_upstream.url)
     with httpx.Client(base_url=proxy.url, timeout=10) as client:

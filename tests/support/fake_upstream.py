@@ -81,6 +81,37 @@ def stream_events(include_usage: bool) -> list[bytes]:
     return events
 
 
+def responses_events() -> list[bytes]:
+    """A Responses API stream as vLLM writes it: typed events, no [DONE]."""
+
+    def event(sequence: int, kind: str, **fields: object) -> bytes:
+        payload = {**fields, "sequence_number": sequence, "type": kind}
+        data = json.dumps(payload, separators=(",", ":")).encode()
+        return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+    text = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed"}
+    usage = {
+        "input_tokens": 5,
+        "output_tokens": len(WORDS),
+        "input_tokens_details": {"cached_tokens": 0},
+    }
+    response = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}
+    events = [event(0, "response.created", response=response)]
+    events += [
+        event(i + 1, "response.output_text.delta", delta=word, item_id="msg_1", output_index=0)
+        for i, word in enumerate(WORDS)
+    ]
+    part = {"type": "output_text", "text": "".join(WORDS), "annotations": []}
+    done = {
+        **response,
+        "status": "completed",
+        "output": [{**text, "content": [part]}],
+        "usage": usage,
+    }
+    events.append(event(len(WORDS) + 1, "response.completed", response=done))
+    return events
+
+
 def completion_body() -> bytes:
     return json.dumps(
         {
@@ -242,7 +273,8 @@ class FakeUpstream:
         if fault.startswith("tokens-"):
             await self._send_long_stream(writer, int(fault.removeprefix("tokens-")))
             return True
-        events = stream_events(include_usage)
+        responses = request.path.startswith("/v1/responses")
+        events = responses_events() if responses else stream_events(include_usage)
         if self.record:
             self.sent_events.append(events)
         writer.write(
