@@ -100,3 +100,44 @@ def test_an_overflow_on_the_simulator_is_counted(start_proxy: Any) -> None:
     assert response.status_code == 400
     assert proxy.sample("prefill_proxy_context_overflows_total") == 1
     assert proxy.sample("prefill_proxy_compaction_fallbacks_total", reason="too_long") == 1
+
+
+def test_a_long_responses_session_compacts_into_valid_items() -> None:
+    """The same session on /v1/responses: compaction works on the chat view of the items
+    and writes its stand-ins back as message items; every forwarded input is a valid
+    conversation (each call's output after its call), with the summary right after the
+    first task, and the engine accepts every one."""
+    from proxy.responses import items
+    from proxy.sim.app import create_sim_app
+    from proxy.sim.config import SimConfig
+
+    session = [traces.parse(record) for record in synthetic.generate(1, 7, steps=90)]
+
+    async def go(url: str) -> Run:
+        async with make_client(1, 60) as http:
+            options = Options(model="sim-model", api="responses")
+            return await Replayer(http, url, options).run(session)
+
+    with (
+        serve(create_sim_app(SimConfig(speed=1000.0, max_model_len=LIMIT))) as engine,
+        recorded_proxy(engine) as proxy,
+    ):
+        run = asyncio.run(go(proxy.url))
+
+    assert all(step.error is None and step.status == 200 for step in run.steps)
+    assert max(step.prompt_tokens or 0 for step in run.steps) <= HIGH
+    events = [step for step in run.steps if step.compaction]
+    assert len(events) >= 3
+    between = [s for s in run.steps[1:] if not s.compaction]
+    prompt = sum(s.prompt_tokens or 0 for s in between)
+    assert sum(s.cached_tokens or 0 for s in between) / prompt > 0.9
+    summarized = 0
+    for body in proxy.forwarded:
+        assert all(items.SOURCE not in item for item in body["input"])
+        messages = items.strip_sources(items.to_chat(body)["messages"])
+        assert is_valid_conversation(messages)
+        first = body["input"][1] if len(body["input"]) > 1 else {}
+        if str(first.get("content")).startswith(SUMMARY_HEADER):
+            assert first["type"] == "message" and first["role"] == "user"
+            summarized += 1
+    assert summarized, "no forwarded request carried a summary"

@@ -21,7 +21,8 @@ class StoringEngines:
     """Engines that store their responses (vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1):
     each knows only its own, and answers an unknown previous_response_id 404 as vLLM does."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, reasoning: bool = False) -> None:
+        self.reasoning = reasoning
         self.stored: dict[str, set[str]] = {}
         self.served: list[tuple[str, dict[str, Any]]] = []
         self._ids = itertools.count()
@@ -57,7 +58,7 @@ class StoringEngines:
             "id": response_id,
             "object": "response",
             "status": "completed",
-            "output": [call],
+            "output": [self._reasoning(response_id), call] if self.reasoning else [call],
             "usage": {
                 "input_tokens": 10,
                 "output_tokens": 3,
@@ -65,6 +66,10 @@ class StoringEngines:
             },
         }
         return httpx.Response(200, json=response)
+
+    def _reasoning(self, response_id: str) -> dict[str, Any]:
+        text = {"type": "reasoning_text", "text": "The user wants a lookup."}
+        return {"type": "reasoning", "id": f"rs_{response_id}", "summary": [], "content": [text]}
 
 
 async def test_chained_requests_reach_the_engine_that_stored_the_response(make_proxy) -> None:
@@ -116,3 +121,16 @@ async def test_conversation_and_header_name_the_session(make_proxy) -> None:
         forwarded = engines.served[-1][1]["input"]
         assert forwarded[1] == emitted
         assert all(SOURCE not in item for item in forwarded)
+
+
+async def test_reasoning_the_client_dropped_goes_back_as_emitted(make_proxy) -> None:
+    engines = StoringEngines(reasoning=True)
+    proxy = make_proxy(engines)
+    user = {"role": "user", "content": "look it up"}
+    first = (await proxy.client.post(ROUTE, json={"model": "m", "input": [user]})).json()
+    reasoning, call = first["output"]
+    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
+    body = {"model": "m", "input": [user, call, output]}  # the reasoning item left out
+    assert (await proxy.client.post(ROUTE, json=body)).status_code == 200
+    assert engines.served[-1][1]["input"] == [user, reasoning, call, output]
+    assert proxy.sample("prefill_proxy_prefix_breaks_total", reason="none") == 1

@@ -119,3 +119,13 @@ def test_a_chat_body_as_the_same_client_would_send_it_to_responses() -> None:
     again = items.strip_sources(items.to_chat(converted)["messages"])
     assert [m["role"] for m in again] == ["system", "user", "assistant", "tool"]
     assert again[2]["tool_calls"] == [call]
+
+
+def test_unknown_events_pass_untouched() -> None:
+    unknown = b'event: response.vendor.thing\ndata: {"type":"response.vendor.thing","x":1}\n\n'
+    comment = b": keep-alive\n\n"
+    whole = unknown + comment + stream()
+    exchange = Exchange("/v1/responses", "POST")
+    watcher = ResponsesStreamWatcher(exchange)
+    assert watcher.relay(whole, 0.0) + watcher.flush() == whole
+    assert exchange.usage is not None and exchange.usage["prompt_tokens"] == 5
