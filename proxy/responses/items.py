@@ -89,7 +89,8 @@ def to_responses(
     forwarded = dict(original)
     if not same_messages:
         forwarded.pop("instructions", None)
-        instructions, forwarded["input"] = _items(messages, original)
+        untouched = {id(message) for message in read.get("messages") or ()}
+        instructions, forwarded["input"] = _items(messages, original, untouched)
         if instructions is not None:
             forwarded["instructions"] = instructions
     if not same_tools and isinstance(tools, list):
@@ -229,13 +230,19 @@ def chat_content(content: Any) -> Any:
 # -- messages to items ------------------------------------------------------------------
 
 
-def _items(messages: Sequence[Any], original: Mapping[str, Any]) -> tuple[str | None, Any]:
-    """(instructions, input) for the pipeline's messages."""
+def _items(
+    messages: Sequence[Any], original: Mapping[str, Any], untouched: set[int]
+) -> tuple[str | None, Any]:
+    """(instructions, input) for the pipeline's messages; ``untouched``: the ids of the
+    messages read from the request, which the pipeline passes on as the same objects
+    (their items go back as they came, without a comparison)."""
     instructions: str | None = None
     items: list[Any] = []
     for message in messages:
         source = message.get(SOURCE) if isinstance(message, dict) else None
-        if source == INSTRUCTIONS and isinstance(message.get("content"), str):
+        if id(message) in untouched and isinstance(source, list):
+            items.extend(source)
+        elif source == INSTRUCTIONS and isinstance(message.get("content"), str):
             instructions = message["content"]
         elif source == STRING_INPUT and isinstance(original.get("input"), str):
             items.append({"role": "user", "content": message.get("content")})
