@@ -97,7 +97,7 @@ class ChatStreamWatcher:
 
     def _route(self, event: bytes, now: float, out: list[bytes]) -> None:
         data = sse.event_data(event)
-        payload = _payload(data)
+        payload = sse.json_object(data)
         if payload is None:
             if data == sse.DONE:
                 self._reply_complete()
@@ -127,17 +127,6 @@ class ChatStreamWatcher:
             out.extend(self._held)
             self._held = []
             out.append(event)
-
-
-def _payload(data: bytes | None) -> dict[str, Any] | None:
-    """An event's data as a JSON object, or None (no data, [DONE], not an object)."""
-    if data is None or data == sse.DONE:
-        return None
-    try:
-        payload = jsonio.loads(data)
-    except jsonio.InvalidJSON:
-        return None
-    return payload if isinstance(payload, dict) else None
 
 
 def _finished(choice: Any) -> bool:

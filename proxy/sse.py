@@ -6,6 +6,10 @@ Events end with a blank line; the spec allows CRLF, LF or CR line endings
 
 from __future__ import annotations
 
+from typing import Any
+
+from proxy import jsonio
+
 _BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
@@ -82,3 +86,14 @@ def event_data(event: bytes) -> bytes | None:
 
 
 DONE = b"[DONE]"
+
+
+def json_object(data: bytes | None) -> dict[str, Any] | None:
+    """An event's data as a JSON object, or None (no data, [DONE], not an object)."""
+    if data is None or data == DONE:
+        return None
+    try:
+        payload = jsonio.loads(data)
+    except jsonio.InvalidJSON:
+        return None
+    return payload if isinstance(payload, dict) else None

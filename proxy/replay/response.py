@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy import jsonio, sse
+from proxy import sse
 from proxy.chunks import carries_token
 from proxy.responses import items
 from proxy.responses.events import OUTPUT_DELTAS, TERMINAL_EVENTS
@@ -42,11 +42,8 @@ class StreamObserver:
         # After the first token only usage and errors matter: skip parsing the rest.
         if self.first_token_at is not None and b'"usage"' not in data and b'"error"' not in data:
             return
-        try:
-            payload = jsonio.loads(data)
-        except jsonio.InvalidJSON:
-            return
-        if not isinstance(payload, dict):
+        payload = sse.json_object(data)
+        if payload is None:
             return
         kind = payload.get("type")
         if kind is not None:  # a Responses event

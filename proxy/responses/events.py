@@ -82,14 +82,8 @@ class ResponsesStreamWatcher:
         return error_event(error, self._sequence + 1)
 
     def _read(self, event: bytes, now: float) -> None:
-        data = sse.event_data(event)
-        if data is None:
-            return
-        try:
-            payload = jsonio.loads(data)
-        except jsonio.InvalidJSON:
-            return
-        if not isinstance(payload, dict):
+        payload = sse.json_object(sse.event_data(event))
+        if payload is None:
             return
         sequence = payload.get("sequence_number")
         if isinstance(sequence, int):

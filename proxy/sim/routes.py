@@ -83,6 +83,12 @@ class SimRoutes:
         except (InvalidConversation, TemplateError) as exc:
             raise RequestError(400, str(exc), "BadRequestError") from exc
 
+    def _prepare(self, payload: Any) -> tuple[ChatRequest, Prompt, int]:
+        """A chat request read, rendered and given its output limit (raises RequestError)."""
+        chat = parse_chat(payload, self.config.model_name, self.config.max_model_len)
+        prompt = self._render(payload, chat.messages)
+        return chat, prompt, output_limit(chat, len(prompt.tokens), self.config.max_model_len)
+
     def _plan(self, chat: ChatRequest, prompt: Prompt, limit: int) -> replies.Plan:
         if chat.reply is not None:
             answer = chat.reply
@@ -101,9 +107,7 @@ class SimRoutes:
     async def chat_completions(self, request: Request) -> Response:
         try:
             payload = await self._json(request)
-            chat = parse_chat(payload, self.config.model_name, self.config.max_model_len)
-            prompt = self._render(payload, chat.messages)
-            limit = output_limit(chat, len(prompt.tokens), self.config.max_model_len)
+            chat, prompt, limit = self._prepare(payload)
         except RequestError as exc:
             return error(exc)
         plan = self._plan(chat, prompt, limit)
@@ -182,9 +186,7 @@ class SimRoutes:
                 chat_payload = api.chat_payload(payload)
             except NotAConversation as exc:
                 raise RequestError(400, str(exc), "invalid_request_error", "input") from exc
-            chat = parse_chat(chat_payload, self.config.model_name, self.config.max_model_len)
-            prompt = self._render(chat_payload, chat.messages)
-            limit = output_limit(chat, len(prompt.tokens), self.config.max_model_len)
+            chat, prompt, limit = self._prepare(chat_payload)
         except RequestError as exc:
             return error(exc)
         plan = self._plan(chat, prompt, limit)
