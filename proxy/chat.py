@@ -33,8 +33,14 @@ from proxy.upstream import UpstreamResponse
 CHAT_ROUTE = "/v1/chat/completions"
 REWRITE_HEADER = "x-prefill-proxy-rewrite"
 # How vLLM refuses a prompt longer than its context: 0.32 names the context length
-# (tests/e2e/test_compaction.py); some versions report the negative max_tokens left over.
-OVERFLOW_MARKERS = (b"max_tokens must be at least 1, got -", b"maximum context length is")
+# (tests/e2e/test_compaction.py), on /v1/responses the max_model_len
+# (vllm/entrypoints/openai/responses/serving.py); some versions report the negative
+# max_tokens left over.
+OVERFLOW_MARKERS = (
+    b"max_tokens must be at least 1, got -",
+    b"maximum context length is",
+    b"exceeds the max_model_len",
+)
 log = logging.getLogger("prefill_proxy.chat")
 
 

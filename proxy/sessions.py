@@ -116,8 +116,11 @@ class Session:
         return copied
 
 
-def identify(headers: Mapping[str, str], request: Mapping[str, Any], mask: Mask) -> tuple[str, str]:
-    """(session key, where it came from: header, user, prompt_cache_key or fingerprint)."""
+def identify(
+    headers: Mapping[str, str], request: Mapping[str, Any], mask: Mask, conversation: str = ""
+) -> tuple[str, str]:
+    """(session key, where it came from: header, user, prompt_cache_key, conversation (a
+    Responses API conversation id) or fingerprint)."""
     explicit = headers.get(SESSION_HEADER)
     if explicit:
         return "h:" + explicit, "header"
@@ -125,6 +128,8 @@ def identify(headers: Mapping[str, str], request: Mapping[str, Any], mask: Mask)
         value = request.get(field)
         if isinstance(value, str) and value:
             return f"{field[0]}:{value}", field
+    if conversation:
+        return "c:" + conversation, "conversation"
     return "f:" + fingerprint(request, mask), "fingerprint"
 
 

@@ -28,7 +28,9 @@ from proxy.transcript import Memo, Memos, chain_keys, exact_chain
 
 log = logging.getLogger("prefill_proxy.sessions")
 
-ALIAS_PREFIX = "a:"  # alias records' keys (session keys start h:, u:, p:, c:, f:)
+# Alias records' keys (session keys start h:, u:, p:, c: for a conversation id, f:, and
+# q: for a chain whose first response this proxy did not see).
+ALIAS_PREFIX = "a:"
 RESPONSE_PREFIX = "r:"  # a Responses API response id -> the session it answered
 FAMILY_PREFIX = "l:"  # family records: line shapes learned by conversations sharing a prompt
 
@@ -167,12 +169,10 @@ class SessionTracker:
         if not isinstance(messages, list):
             return None
         try:
-            key, source = identify(headers, request, self.detector.key)
-            if source == "fingerprint" and conversation:
-                key, source = "c:" + conversation, "conversation"
-            elif source == "fingerprint" and chained_to:
+            key, source = identify(headers, request, self.detector.key, conversation)
+            if source == "fingerprint" and chained_to:  # the session that answered it
                 pointer = await self.store.get(RESPONSE_PREFIX + chained_to)
-                key = pointer.alias_of if pointer and pointer.alias_of else "r:" + chained_to
+                key = pointer.alias_of if pointer and pointer.alias_of else "q:" + chained_to
                 source = "previous_response_id"
             session = await self.store.get(key)
             outcome, alias = ("new" if session is None else "found"), ""

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 
 from proxy.compaction import plan
 from proxy.compaction.summarizer import SUMMARY_HEADER
@@ -68,17 +69,22 @@ def test_a_long_session_compacts_under_the_high_watermark_with_a_stable_prefix()
         assert plan.head_length(messages) == 2 and messages[2]["role"] == "user"
 
 
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses"])
 def test_the_engines_overflow_error_reaches_the_client_and_is_counted(
-    vllm_server: Any, start_proxy: Any
+    route: str, vllm_server: Any, start_proxy: Any
 ) -> None:
     """A prompt over real vLLM's context, with no history to compact (one huge message):
     the proxy forwards it as it is and vLLM's own 400 reaches the client; the proxy
     recognises vLLM's way of saying it (0.32: "This model's maximum context length is
-    16384 tokens. However, your prompt contains at least 16385 input tokens ...")."""
+    16384 tokens. However, your prompt contains at least 16385 input tokens ..." on chat,
+    "... exceeds the max_model_len 16384" on Responses)."""
     proxy = start_proxy(vllm_server.base_url)
     words = " ".join(f"w{n}" for n in range(20_000))  # over the test model's 16k context
-    body = {"model": vllm_server.model, "messages": [{"role": "user", "content": words}]}
-    response = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=120)
+    if route == "/v1/responses":
+        body: dict[str, Any] = {"model": vllm_server.model, "input": words}
+    else:
+        body = {"model": vllm_server.model, "messages": [{"role": "user", "content": words}]}
+    response = httpx.post(proxy.url + route, json=body, timeout=120)
     assert response.status_code == 400
     message = response.json()["error"]["message"]
     print("vLLM said:", message)
