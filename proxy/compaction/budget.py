@@ -4,7 +4,9 @@ token estimate of a prompt that the watermarks are compared with."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -87,6 +89,9 @@ class ContextLimits:
                 self._known[str(entry.get("id"))] = entry["max_model_len"]
 
 
+TOOL_SETS_KEPT = 256  # distinct tool lists whose counts a proxy keeps (least recent dropped)
+
+
 class Sizer:
     """Token estimates of messages, kept by message key so each message is counted once.
 
@@ -95,6 +100,9 @@ class Sizer:
 
     def __init__(self, counter: Counter) -> None:
         self._counter = counter
+        # Tools by their bytes: an agent sends the same ones on every step, and counting
+        # them (9 KB for 14 tools) was the largest per-request cost of a small step.
+        self._tools: collections.OrderedDict[bytes, int] = collections.OrderedDict()
 
     def message(self, message: Any) -> int:
         if not isinstance(message, dict):
@@ -126,4 +134,15 @@ class Sizer:
         return sizes
 
     def tools(self, tools: Any) -> int:
-        return self._counter.count(jsonio.dumps(tools).decode()) if tools else 0
+        if not tools:
+            return 0
+        encoded = jsonio.dumps(tools)
+        digest = hashlib.blake2b(encoded, digest_size=16).digest()  # bounded memory
+        count = self._tools.get(digest)
+        if count is None:
+            count = self._tools[digest] = self._counter.count(encoded.decode())
+            if len(self._tools) > TOOL_SETS_KEPT:
+                self._tools.popitem(last=False)
+        else:
+            self._tools.move_to_end(digest)
+        return count
