@@ -24,7 +24,7 @@ event now and warm the compacted prompt in the engine while the client runs its 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy import jsonio
@@ -119,7 +119,8 @@ class Compactor:
         state = session.compaction
         if state is None:
             state = session.compaction = Compaction()
-        if _far_below(state, turn, messages, budget):
+        tools = request.get("tools")
+        if _far_below(state, turn, messages, budget, lambda: self.planner.sizer.tools(tools)):
             state.last_estimate = 0  # not counted: no ratio to learn from this step
             return request
         snap = self.planner.snapshot(messages, turn.keys, state, request.get("tools"))
@@ -296,7 +297,13 @@ class Compactor:
 REWRITE_MARGIN = 512
 
 
-def _far_below(state: Compaction, turn: Turn, messages: list[Any], budget: Budget) -> bool:
+def _far_below(
+    state: Compaction,
+    turn: Turn,
+    messages: list[Any],
+    budget: Budget,
+    tools_tokens: Callable[[], int],
+) -> bool:
     """Whether this request cannot reach the soft watermark, by a bound that needs no
     tokenizer: a token is at least one byte, so the estimate is at most the client's
     body in bytes, plus the bytes of each message the rewrites replaced (a restored reply,
@@ -311,6 +318,28 @@ def _far_below(state: Compaction, turn: Turn, messages: list[Any], budget: Budge
         return False
     replaced = sum(_utf8_bytes(m) for m, c in zip(messages, client, strict=True) if m is not c)
     bound = turn.body_bytes + replaced + REWRITE_MARGIN + len(messages) * PER_MESSAGE
+    if bound * max(state.ratio, 1.0) <= budget.soft:
+        return True
+    return _known_far_below(state, turn.keys, messages, budget, tools_tokens)
+
+
+def _known_far_below(
+    state: Compaction,
+    keys: Sequence[bytes],
+    messages: list[Any],
+    budget: Budget,
+    tools_tokens: Callable[[], int],
+) -> bool:
+    """The same with the counts the session already has: a counted message by its count,
+    one not counted yet by its bytes. So a long session's step is not tokenized while it
+    stays far below (its new messages are counted once it comes near)."""
+    counted = state.sizes
+    if not counted or len(keys) != len(messages):
+        return False
+    bound = tools_tokens() + REWRITE_MARGIN
+    for message, key in zip(messages, keys, strict=True):
+        size = counted.get(key)
+        bound += size if size is not None else _utf8_bytes(message) + PER_MESSAGE
     return bound * max(state.ratio, 1.0) <= budget.soft
 
 
