@@ -127,11 +127,17 @@ class Sizer:
             if size is None:
                 size = cache[key] = self.message(message)
             sizes.append(size)
-        if len(cache) > 2 * len(keys) + 64:  # drop what the conversation no longer has
+        self.prune(cache, keys)
+        return sizes
+
+    @staticmethod
+    def prune(cache: dict[bytes, int], keys: Sequence[bytes]) -> None:
+        """Drop from ``cache`` what the conversation (``keys``) no longer has, once it
+        holds twice as much."""
+        if len(cache) > 2 * len(keys) + 64:
             wanted = set(keys)
             for key in [k for k in cache if k not in wanted]:
                 del cache[key]
-        return sizes
 
     def tools(self, tools: Any) -> int:
         if not tools:

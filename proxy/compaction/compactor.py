@@ -119,8 +119,7 @@ class Compactor:
         state = session.compaction
         if state is None:
             state = session.compaction = Compaction()
-        tools = request.get("tools")
-        if _far_below(state, turn, messages, budget, lambda: self.planner.sizer.tools(tools)):
+        if _far_below(state, turn, messages, budget, self.planner.sizer, request.get("tools")):
             state.last_estimate = 0  # not counted: no ratio to learn from this step
             return request
         snap = self.planner.snapshot(messages, turn.keys, state, request.get("tools"))
@@ -297,15 +296,16 @@ class Compactor:
 REWRITE_MARGIN = 512
 
 
+# Counting stops this far under the soft watermark, so the next steps' new messages fit
+# under it by their bytes without counting again at once.
+COUNTED_HEADROOM = 0.8
+
+
 def _far_below(
-    state: Compaction,
-    turn: Turn,
-    messages: list[Any],
-    budget: Budget,
-    tools_tokens: Callable[[], int],
+    state: Compaction, turn: Turn, messages: list[Any], budget: Budget, sizer: Sizer, tools: Any
 ) -> bool:
-    """Whether this request cannot reach the soft watermark, by a bound that needs no
-    tokenizer: a token is at least one byte, so the estimate is at most the client's
+    """Whether this request cannot reach the soft watermark, by a bound that needs little
+    or no tokenizer: a token is at least one byte, so the estimate is at most the client's
     body in bytes, plus the bytes of each message the rewrites replaced (a restored reply,
     a message that carries a note), plus each message's framing. Then nothing is counted
     (tiktoken counts about 18 MB/s: most of a big request's cost; its encoding is 77 MB
@@ -314,33 +314,46 @@ def _far_below(
     if state.cut_key is not None or state.elided or state.unreported or not turn.body_bytes:
         return False
     client = turn.client_messages
-    if len(client) != len(messages):
+    if len(client) != len(messages) or len(turn.keys) != len(messages):
         return False
     replaced = sum(_utf8_bytes(m) for m, c in zip(messages, client, strict=True) if m is not c)
     bound = turn.body_bytes + replaced + REWRITE_MARGIN + len(messages) * PER_MESSAGE
     if bound * max(state.ratio, 1.0) <= budget.soft:
         return True
-    return _known_far_below(state, turn.keys, messages, budget, tools_tokens)
+    return _counted_far_below(state, turn.keys, messages, budget, sizer, tools)
 
 
-def _known_far_below(
+def _counted_far_below(
     state: Compaction,
     keys: Sequence[bytes],
     messages: list[Any],
     budget: Budget,
-    tools_tokens: Callable[[], int],
+    sizer: Sizer,
+    tools: Any,
 ) -> bool:
-    """The same with the counts the session already has: a counted message by its count,
-    one not counted yet by its bytes. So a long session's step is not tokenized while it
-    stays far below (its new messages are counted once it comes near)."""
+    """The same with counts: a message the session counted before by its count, one not
+    counted yet by its bytes. Over the watermark so, the oldest uncounted messages are
+    counted (kept for later requests) until the bound is well under it (COUNTED_HEADROOM):
+    a new session counts about as much of its history as it must, and a long session's
+    step mostly nothing, now and then a stretch of its newer messages."""
     counted = state.sizes
-    if not counted or len(keys) != len(messages):
-        return False
-    bound = tools_tokens() + REWRITE_MARGIN
-    for message, key in zip(messages, keys, strict=True):
+    soft = budget.soft / max(state.ratio, 1.0)
+    bound = sizer.tools(tools) + REWRITE_MARGIN
+    uncounted: list[tuple[int, int]] = []  # (index, its bytes bound)
+    for index, (message, key) in enumerate(zip(messages, keys, strict=True)):
         size = counted.get(key)
-        bound += size if size is not None else _utf8_bytes(message) + PER_MESSAGE
-    return bound * max(state.ratio, 1.0) <= budget.soft
+        if size is None:
+            size = _utf8_bytes(message) + PER_MESSAGE
+            uncounted.append((index, size))
+        bound += size
+    if bound > soft:  # count until well under it: the next steps then count nothing
+        for index, upper in uncounted:
+            size = counted[keys[index]] = sizer.message(messages[index])
+            bound -= upper - size
+            if bound <= soft * COUNTED_HEADROOM:
+                break
+    sizer.prune(counted, keys)
+    return bound <= soft
 
 
 def _utf8_bytes(message: Any) -> int:
