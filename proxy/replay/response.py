@@ -7,8 +7,7 @@ from typing import Any
 
 from proxy import sse
 from proxy.chunks import carries_token
-from proxy.responses import items
-from proxy.responses.events import OUTPUT_DELTAS, TERMINAL_EVENTS
+from proxy.responses import events
 
 OVERHEAD_HEADER = "x-prefill-proxy-overhead-ms"  # proxy.headers.OVERHEAD
 COMPACTION_HEADER = "x-prefill-proxy-compaction"
@@ -58,12 +57,12 @@ class StreamObserver:
             self.first_token_at = now
 
     def _read_typed(self, kind: Any, payload: dict[str, Any], now: float) -> None:
-        if kind in OUTPUT_DELTAS and self.first_token_at is None:
+        if kind in events.OUTPUT_DELTAS and self.first_token_at is None:
             self.first_token_at = now
         elif kind == "error":
             self.error = str(payload.get("message") or payload)[:500]
-        elif kind in TERMINAL_EVENTS:
-            self.usage = items.usage(payload.get("response")) or self.usage
+        elif kind in events.TERMINAL_EVENTS:
+            self.usage = events.usage(payload.get("response")) or self.usage
             if kind == "response.failed":
                 failed = payload.get("response")
                 self.error = error_message(failed) if isinstance(failed, dict) else "failed"

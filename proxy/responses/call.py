@@ -85,7 +85,7 @@ class ResponsesCall(ChatCall):
         except jsonio.InvalidJSON:
             return None, None
         self.note_response(response)
-        return items.usage(response), items.reply_message(response)
+        return events.usage(response), events.reply_message(response)
 
     def note_response(self, response: Any) -> None:
         """The response's id, so a request chaining on it finds this session."""

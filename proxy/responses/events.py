@@ -1,5 +1,6 @@
-"""Reading a Responses API event stream as it passes (no I/O): token times, usage, the
-reply for the session record. Every byte goes on unchanged.
+"""Reading what a Responses API engine answers (no I/O): a response's usage and reply (the
+session record's), and its event stream as it passes: token times, usage, the reply.
+Every byte goes on unchanged.
 
 vLLM writes each event as ``event: <type>`` and ``data: <json>`` with the same ``type``
 in the payload (vllm/entrypoints/openai/responses/api_router.py); the stream ends with
@@ -32,6 +33,32 @@ OUTPUT_DELTAS = frozenset(
 # Terminal events whose output is the reply as the client will send it back.
 REPLY_EVENTS = frozenset({"response.completed", "response.incomplete"})
 TERMINAL_EVENTS = REPLY_EVENTS | {"response.failed"}
+
+
+def reply_message(response: Any) -> dict[str, Any] | None:
+    """The assistant message standing for a response's output items (as emitted), None
+    without output."""
+    output = response.get("output") if isinstance(response, dict) else None
+    if not isinstance(output, list) or not output:
+        return None
+    turn = [item for item in output if isinstance(item, dict)]
+    if not turn or not all(items.is_assistant_item(item) for item in turn):
+        return None  # built-in tool calls: not a turn the session can restore
+    return items.assistant_message(turn)
+
+
+def usage(response: Any) -> dict[str, Any] | None:
+    """A response's usage in chat-completion terms (what metrics and sessions read)."""
+    given = response.get("usage") if isinstance(response, dict) else None
+    if not isinstance(given, dict):
+        return None
+    details = given.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return {
+        "prompt_tokens": given.get("input_tokens"),
+        "completion_tokens": given.get("output_tokens"),
+        "prompt_tokens_details": {"cached_tokens": cached or 0},
+    }
 
 
 def reply_text_length(reply: dict[str, Any]) -> int:
@@ -98,12 +125,12 @@ class ResponsesStreamWatcher:
 
     def _terminal(self, kind: str, response: Any) -> None:
         exchange = self._exchange
-        exchange.usage = items.usage(response) or exchange.usage
+        exchange.usage = usage(response) or exchange.usage
         if isinstance(response, dict) and isinstance(response.get("id"), str):
             self.response_id = response["id"]
         if kind not in REPLY_EVENTS or self._on_reply is None:
             return
-        reply = items.reply_message(response)
+        reply = reply_message(response)
         if reply is None:
             return
         limit = self._max_reply_chars

@@ -128,7 +128,7 @@ def _messages(items: Sequence[Any]) -> list[dict[str, Any]]:
     for item in items:
         if not isinstance(item, dict):
             raise NotAConversation("an input item is not an object")
-        if _is_assistant_item(item):
+        if is_assistant_item(item):
             if turn and _starts_turn(item, turn):
                 messages.append(assistant_message(turn))
                 turn = []
@@ -143,7 +143,7 @@ def _messages(items: Sequence[Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def _is_assistant_item(item: Mapping[str, Any]) -> bool:
+def is_assistant_item(item: Mapping[str, Any]) -> bool:
     kind = item.get("type")
     if kind in ASSISTANT_ITEMS:
         return True
@@ -273,7 +273,7 @@ def message_items(message: Any) -> list[Any]:
 
 
 def _read_back(source: list[dict[str, Any]]) -> dict[str, Any]:
-    if _is_assistant_item(source[0]):
+    if is_assistant_item(source[0]):
         return assistant_message(source)
     return _message(source[0])
 
@@ -371,35 +371,6 @@ def responses_tool(tool: Any) -> Any:
     if not isinstance(function, dict) or set(tool) != {"type", "function"}:
         return tool
     return {"type": "function", **function}
-
-
-# -- replies ------------------------------------------------------------------------------
-
-
-def reply_message(response: Any) -> dict[str, Any] | None:
-    """The assistant message standing for a response's output items (as emitted), None
-    without output."""
-    output = response.get("output") if isinstance(response, dict) else None
-    if not isinstance(output, list) or not output:
-        return None
-    items = [item for item in output if isinstance(item, dict)]
-    if not items or not all(_is_assistant_item(item) for item in items):
-        return None  # built-in tool calls: not a turn the session can restore
-    return assistant_message(items)
-
-
-def usage(response: Any) -> dict[str, Any] | None:
-    """A response's usage in chat-completion terms (what metrics and sessions read)."""
-    given = response.get("usage") if isinstance(response, dict) else None
-    if not isinstance(given, dict):
-        return None
-    details = given.get("input_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return {
-        "prompt_tokens": given.get("input_tokens"),
-        "completion_tokens": given.get("output_tokens"),
-        "prompt_tokens_details": {"cached_tokens": cached or 0},
-    }
 
 
 def strip_sources(messages: Sequence[Any]) -> list[Any]:

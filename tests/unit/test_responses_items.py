@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.responses import items
+from proxy.responses import events, items
 from proxy.rewrite.canonical_tools import canonical_tools
 from proxy.rewrite.pipeline import RewriteContext
 from proxy.rewrite.volatile import NOTE_HEADER, move_volatile
@@ -151,13 +151,13 @@ def test_a_reply_is_the_assistant_turn_the_client_sends_back() -> None:
         "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}],
     }
     response = {"id": "resp_1", "output": [REASONING, text, CALL], "usage": {"input_tokens": 9}}
-    reply = items.reply_message(response)
+    reply = events.reply_message(response)
     assert reply is not None
     assert reply["content"] == "Let me check." and len(reply["tool_calls"]) == 1
     sent_back = items.to_chat({"model": "m", "input": [REASONING, text, CALL]})["messages"]
     assert sent_back == [reply]
     assert items.message_items(reply) == [REASONING, text, CALL]
-    assert items.usage(response) == {
+    assert events.usage(response) == {
         "prompt_tokens": 9,
         "completion_tokens": None,
         "prompt_tokens_details": {"cached_tokens": 0},
