@@ -32,7 +32,32 @@ class StreamWatcher(Protocol):
     def error_event(self, error: ProxyError) -> bytes: ...
 
 
-class ChatStreamWatcher:
+class EventWatcher:
+    """What both stream watchers share: the events split as they come, and the reply
+    handed on once (``on_reply``), before the event that completes it is relayed: the
+    client sends its next request the moment it sees it, and that must find the session."""
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        on_reply: Callable[[], Awaitable[None]] | None,
+        max_event: int | None,
+    ) -> None:
+        self._exchange = exchange
+        self._on_reply = on_reply
+        self._splitter = sse.EventSplitter(max_event)
+        self.error: Any = None
+        self.reply_ready = False  # the reply is complete: deliver_reply before relaying on
+
+    async def deliver_reply(self) -> None:
+        """Hand the complete reply on (once)."""
+        if self._on_reply is not None:
+            on_reply, self._on_reply = self._on_reply, None
+            self.reply_ready = False
+            await on_reply()
+
+
+class ChatStreamWatcher(EventWatcher):
     """Reads each event of a chat-completion stream as it passes (no I/O): marks token
     times and usage on the exchange and, when the proxy asked for usage on the client's
     behalf, makes the stream what the client would have had without that request.
@@ -53,16 +78,10 @@ class ChatStreamWatcher:
         max_event: int | None = None,
         max_reply_chars: int | None = None,
     ) -> None:
-        self._exchange = exchange
+        super().__init__(exchange, on_reply, max_event)  # the reply: at [DONE]
         self._strip_usage = strip_usage
-        # Called with the complete reply when [DONE] comes, before it is relayed: clients
-        # send their next request the moment they see it, and it must find the session.
-        self._on_reply = on_reply
         self._assembler = ReplyAssembler(max_reply_chars) if on_reply is not None else None
-        self._splitter = sse.EventSplitter(max_event)
         self._held: list[bytes] = []
-        self.error: Any = None
-        self.reply_ready = False  # [DONE] came: deliver_reply before relaying it
 
     def relay(self, chunk: bytes, now: float) -> bytes:
         out: list[bytes] = []
@@ -84,13 +103,6 @@ class ChatStreamWatcher:
         if self._assembler is not None and self._on_reply is not None:
             self._exchange.reply = self._assembler.message()
             self.reply_ready = True
-
-    async def deliver_reply(self) -> None:
-        """Hand the complete reply on (once), before the chunk with [DONE] is relayed."""
-        if self._on_reply is not None:
-            on_reply, self._on_reply = self._on_reply, None
-            self.reply_ready = False
-            await on_reply()
 
     def error_event(self, error: ProxyError) -> bytes:
         return sse_error_event(error)

@@ -17,6 +17,7 @@ from typing import Any
 from proxy import jsonio, sse
 from proxy.errors import ProxyError
 from proxy.exchange import Exchange
+from proxy.relay import EventWatcher
 from proxy.responses import items
 
 # Deltas of generated output: the first one is the first token.
@@ -67,7 +68,7 @@ def reply_text_length(reply: dict[str, Any]) -> int:
     return len(reply.get("content") or "") + arguments
 
 
-class ResponsesStreamWatcher:
+class ResponsesStreamWatcher(EventWatcher):
     def __init__(
         self,
         exchange: Exchange,
@@ -76,15 +77,9 @@ class ResponsesStreamWatcher:
         max_event: int | None = None,
         max_reply_chars: int | None = None,
     ) -> None:
-        self._exchange = exchange
-        # Called with the reply at the terminal event, before it is relayed: the client
-        # sends its next request the moment it sees it, and that must find the session.
-        self._on_reply = on_reply
+        super().__init__(exchange, on_reply, max_event)  # the reply: at the terminal event
         self._max_reply_chars = max_reply_chars
-        self._splitter = sse.EventSplitter(max_event)
         self._sequence = -1
-        self.error: Any = None
-        self.reply_ready = False
         self.reply_too_long = False
         self.response_id: str | None = None
 
@@ -96,12 +91,6 @@ class ResponsesStreamWatcher:
 
     def flush(self) -> bytes:
         return self._splitter.flush()
-
-    async def deliver_reply(self) -> None:
-        if self._on_reply is not None:
-            on_reply, self._on_reply = self._on_reply, None
-            self.reply_ready = False
-            await on_reply()
 
     def error_event(self, error: ProxyError) -> bytes:
         """The stream's last event when the upstream fails mid-stream: the Responses
