@@ -166,6 +166,7 @@ class Engine:
                 self._deliver(sampled, now)
             if self.metrics is not None:
                 self.metrics.preempted(len(step.preempted))
+                self.metrics.busy_seconds.inc(duration)
 
     def _admitted(self, scheduled: list[Scheduled], now: float) -> None:
         for item in scheduled:

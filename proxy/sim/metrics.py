@@ -101,6 +101,11 @@ class SimMetrics:
         self.generation_tokens = counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
         )
+        # The simulator's own (vLLM has no such series): how long the engine ran steps, in
+        # wall seconds, so a benchmark can tell an idle engine from a saturated one.
+        self.busy_seconds = counter(
+            "sim:engine_busy_seconds", "Wall seconds the engine spent running steps."
+        )
         self._success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",

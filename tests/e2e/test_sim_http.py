@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -318,8 +319,10 @@ def test_unknown_fields_are_ignored(sim) -> None:
 
 
 def test_metrics_have_vllms_names_and_count_the_cache(sim) -> None:
+    started = time.perf_counter()
     sim.chat(messages=messages(), max_tokens=3)
     usage = sim.chat(messages=messages(), max_tokens=3).json()["usage"]
+    elapsed = time.perf_counter() - started
     text = sim.client.get("/metrics").text
     for name in (
         "vllm:num_requests_running",
@@ -348,6 +351,8 @@ def test_metrics_have_vllms_names_and_count_the_cache(sim) -> None:
     assert sim.sample("vllm:time_to_first_token_seconds_count") == 2
     assert sim.sample("vllm:num_requests_running") == 0
     assert sim.sample("vllm:kv_cache_usage_perc") == 0
+    # The simulator's own: the steps' modelled time, which the requests waited out.
+    assert 0 < sim.sample("sim:engine_busy_seconds_total") <= elapsed
 
 
 def test_reset_prefix_cache_makes_the_next_run_cold(sim) -> None:
