@@ -391,6 +391,14 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.warmed_steps = Counter(
+            "prefill_proxy_warmed_steps",
+            "Steps after tool calls whose prefix a warm-up had computed, by whether the "
+            "engine still had it (outcome: cached; missed: evicted since, or the prompt "
+            "diverged).",
+            ("outcome",),
+            registry=registry,
+        )
         # Round trips (proxy.batching) and fan-out (proxy.fanout)
         self.tool_calls_per_step = Histogram(
             "prefill_proxy_tool_calls_per_step",

@@ -36,6 +36,7 @@ def encode(session: Session) -> bytes:
             "last_completion_tokens": session.last_completion_tokens,
             "last_reply_tool_calls": session.last_reply_tool_calls,
             "warmed": session.warmed,
+            "warmed_tokens": session.warmed_tokens,
             "pace": [session.pace.replied_at, session.pace.gaps],
             "compaction": _compaction(session.compaction),
             "summary_failed_at": session.summary_failed_at,
@@ -72,6 +73,7 @@ def decode(data: bytes) -> Session:
             last_completion_tokens=raw["last_completion_tokens"],
             last_reply_tool_calls=raw["last_reply_tool_calls"],
             warmed=raw["warmed"],
+            warmed_tokens=raw.get("warmed_tokens", 0),  # absent in an older replica's record
             pace=Pace(replied_at, list(gaps)),
             compaction=_from_compaction(raw["compaction"]),
             summary_failed_at=raw["summary_failed_at"],

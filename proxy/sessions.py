@@ -74,8 +74,10 @@ class Session:
     last_completion_tokens: int = 0
     # Tool calls in the last reply: the next request carries their results.
     last_reply_tool_calls: int = 0
-    # Whether the proxy warmed the engine's cache for the next step (proxy.warmup).
+    # Whether the proxy warmed the engine's cache for the next step (proxy.warmup), and
+    # how many prompt tokens that left cached (0: not known, a warm-up by chat).
     warmed: bool = False
+    warmed_tokens: int = 0
     pace: Pace = dataclasses.field(default_factory=Pace)
     # What compaction keeps for this session, and when its last summary failed.
     compaction: Compaction | None = None

@@ -56,6 +56,7 @@ class Turn:
     # and whether the proxy warmed the engine for this step.
     follows_tool_calls: bool = False
     warmed: bool = False
+    warmed_tokens: int = 0
     # Lines of the system prompt learned volatile by this request (proxy.rewrite.learned).
     learned: int = 0
     learned_moved: int = 0  # lines moved because they were learned
@@ -216,7 +217,7 @@ class SessionTracker:
         if new:
             self._metrics.volatile_lines_learned.inc(new)
         turn.follows_tool_calls = session.last_reply_tool_calls > 0
-        turn.warmed = session.warmed
+        turn.warmed, turn.warmed_tokens = session.warmed, session.warmed_tokens
         turn.full_history = not chained_to
         return turn
 
@@ -384,7 +385,7 @@ class SessionTracker:
         self._memos.keep(session.key, turn.memo)
         calls = exchange.reply.get("tool_calls")
         session.last_reply_tool_calls = len(calls) if isinstance(calls, list) else 0
-        session.warmed = False
+        session.warmed, session.warmed_tokens = False, 0
         # The first values seen stay pinned for the session (setdefault: first wins).
         for key, value in pinnable(turn.template_kwargs, self.detector).items():
             session.pinned_template_kwargs.setdefault(key, value)

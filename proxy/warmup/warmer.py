@@ -78,8 +78,8 @@ class _Job:
     too_short: bool = False
 
 
-def _set_warmed(session: Session) -> None:
-    session.warmed = True
+def _set_warmed(tokens: int, session: Session) -> None:
+    session.warmed, session.warmed_tokens = True, tokens
 
 
 class Warmer:
@@ -133,6 +133,7 @@ class Warmer:
         if turn.follows_tool_calls and exchange.first_token_at is not None:
             ttft = exchange.first_token_at - exchange.started
             self._metrics.step_ttft.labels("yes" if turn.warmed else "no").observe(ttft)
+        self._judge_warmup(turn, exchange)
         pace = turn.session.pace  # saved with the record after this call
         wall = self._wall()
         began = wall - (self._clock() - exchange.started)  # this request's start, wall time
@@ -158,6 +159,14 @@ class Warmer:
             window=min(pace.gaps) - delay if delay is not None else 0.0,
         )
         self._start(job)
+
+    def _judge_warmup(self, turn: Turn, exchange: Exchange) -> None:
+        """Whether the engine still held what this step's warm-up computed: a warm-up
+        evicted before its step came is pure cost."""
+        counts = token_counts(exchange.usage)
+        if turn.follows_tool_calls and turn.warmed_tokens and counts is not None:
+            held = counts[1] >= turn.warmed_tokens
+            self._metrics.warmed_steps.labels("cached" if held else "missed").inc()
 
     def client_back(self, session_key: str) -> None:
         """The session's next request arrived (SessionTracker.on_open): its warm-up is late."""
@@ -301,7 +310,7 @@ class Warmer:
             except _RouteMissing:
                 log.info("the engine has no /tokenize or /v1/completions: warming by chat")
                 self._token_route = False
-        self._mark_warmed(job)
+        self._mark_warmed(job, 0)
         payload = chat_body(job.request, job.messages, self._priority)
         return _usage(_checked(*await self._call("/v1/chat/completions", payload, job)))
 
@@ -315,18 +324,18 @@ class Warmer:
             job.too_short = True
             self._metrics.warmups_skipped.labels("too_short").inc()
             return None
-        self._mark_warmed(job)
+        self._mark_warmed(job, count - 1)  # the last token is computed, not cached
         payload = completion_body(job.request, job.tokens[:count], self._priority)
         return _usage(_checked(*await self._call("/v1/completions", payload, job)))
 
     async def _call(self, path: str, payload: dict[str, Any], job: _Job) -> tuple[int, bytes]:
         return await self._upstream.call(path, payload, headers=job.credentials, base=job.engine)
 
-    def _mark_warmed(self, job: _Job) -> None:
+    def _mark_warmed(self, job: _Job, tokens: int) -> None:
         # Only while the client is still away: its next request reads the flag when it
         # arrives (SessionTracker.open), and a later mark would label the step after it.
         if job.marks and not job.client_back and self._post is not None:
-            self._post(job.session_key, _set_warmed)
+            self._post(job.session_key, functools.partial(_set_warmed, tokens))
 
     def running(self) -> list[asyncio.Task[None]]:
         """The warm-up tasks in flight or waiting, one per session at most."""

@@ -222,6 +222,18 @@ def test_a_tool_call_reply_warms_the_next_steps_prefix(engine, proxy_on) -> None
     assert cached(second) == count - 1  # every full block of the warmed prompt
     assert proxy.sample("prefill_proxy_step_time_to_first_token_seconds_count", warmed="yes") == 1
     assert proxy.sample("prefill_proxy_step_time_to_first_token_seconds_count", warmed="no") == 0
+    assert proxy.sample("prefill_proxy_warmed_steps_total", outcome="cached") == 1
+
+
+def test_a_warmup_evicted_before_its_step_counts_as_missed(engine, proxy_on) -> None:
+    proxy = proxy_on()
+    messages, reply, _ = aligned_step(engine, "evicted")
+    chat(proxy, messages, reply, "s1")
+    proxy.wait_for(lambda: proxy.sample(WARMUPS_OK[0], **WARMUPS_OK[1]) == 1)
+    httpx.post(engine.url + "/reset_prefix_cache").raise_for_status()  # the blocks are gone
+    chat(proxy, [*messages, reply, tool_result()], None, "s1")
+    assert proxy.sample("prefill_proxy_warmed_steps_total", outcome="missed") == 1
+    assert proxy.sample("prefill_proxy_warmed_steps_total", outcome="cached") == 0
 
 
 def test_without_warmup_the_next_step_recomputes_the_replys_last_block(engine, proxy_on) -> None:

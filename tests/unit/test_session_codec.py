@@ -53,6 +53,7 @@ sessions = st.builds(
     last_completion_tokens=st.integers(0, 10**6),
     last_reply_tool_calls=st.integers(0, 12),
     warmed=st.booleans(),
+    warmed_tokens=st.integers(0, 1 << 20),
     pace=st.builds(Pace, st.none() | st.floats(0, 1e9), st.lists(st.floats(0, 60), max_size=4)),
     compaction=st.none() | compactions,
     summary_failed_at=st.none() | st.floats(0, 2e9),
