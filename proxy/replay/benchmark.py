@@ -46,6 +46,7 @@ class Config:
     timeout: float = 600.0
     api_key: str | None = None
     api: str = "chat"  # the wire format the client speaks: "chat" or "responses"
+    echo_replies: bool = False  # send back the engine's replies, not the recorded ones
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +125,7 @@ async def _replay(
             max_tokens=config.max_tokens,
             trim_tokens=config.trim_tokens,
             api=config.api,
+            echo_replies=config.echo_replies,
         )
         for label, url in targets:
             if config.reset_cache:
@@ -186,6 +188,7 @@ def _config_record(config: Config, model: str, conversations: int, url: str) -> 
         "trim_tokens": _trim_tokens(config),
         "conversations": conversations,
         "reset_cache": config.reset_cache,
+        "echo_replies": config.echo_replies,
         "prefill_proxy_version": __version__,
     }
 

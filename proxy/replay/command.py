@@ -148,6 +148,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the wire format the replayed client speaks: chat completions (default) or "
         "the Responses API (/v1/responses: instructions, input items, typed events)",
     )
+    parser.add_argument(
+        "--echo-replies",
+        action="store_true",
+        help="send back the replies the engine gave instead of the recorded ones, as an "
+        "agent does (chat only; a real model's replies differ from the trace's)",
+    )
 
 
 def to_config(args: argparse.Namespace) -> Config:
@@ -157,6 +163,8 @@ def to_config(args: argparse.Namespace) -> Config:
         raise OptionError("--steps needs --synthetic")
     if args.trim_tokens is not None and args.profile != "client-trim":
         raise OptionError("--trim-tokens needs --profile client-trim")
+    if args.echo_replies and args.api != "chat":
+        raise OptionError("--echo-replies works with --api chat only")
     reset = args.reset_cache
     if reset is None and args.compare and not args.no_reset_cache:
         reset = args.target  # both runs start cold, so neither inherits the other's cache
@@ -181,6 +189,7 @@ def to_config(args: argparse.Namespace) -> Config:
         timeout=args.timeout,
         api_key=args.api_key,
         api=args.api,
+        echo_replies=args.echo_replies,
     )
 
 

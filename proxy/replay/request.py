@@ -32,10 +32,21 @@ def sampling(request: Mapping[str, Any], *, has_tools: bool) -> dict[str, Any]:
     return params
 
 
-def build(step: Step, profile: Profile, model: str, max_tokens: int | None = None) -> dict:
-    """The request body for ``step`` as the client in ``profile`` would send it."""
+def build(
+    step: Step,
+    profile: Profile,
+    model: str,
+    max_tokens: int | None = None,
+    emitted: Mapping[int, dict[str, Any]] | None = None,
+) -> dict:
+    """The request body for ``step`` as the client in ``profile`` would send it; with
+    ``emitted`` (trace position -> the reply the engine gave for it), the history carries
+    those replies instead of the recorded ones, as an agent sends back what it got."""
     conversation = step.conversation
-    prompt = profile(Prompt(step.messages, conversation.tools), conversation.id, step.index)
+    history = step.messages
+    if emitted:
+        history = [emitted.get(k, message) for k, message in enumerate(history)]
+    prompt = profile(Prompt(history, conversation.tools), conversation.id, step.index)
     body: dict[str, Any] = {"model": model, "messages": prompt.messages}
     if prompt.tools:
         body["tools"] = prompt.tools

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy import sse
-from proxy.chunks import carries_token
+from proxy.chunks import ReplyAssembler, carries_token
 from proxy.responses import events
 
 OVERHEAD_HEADER = "x-prefill-proxy-overhead-ms"  # proxy.headers.OVERHEAD
@@ -19,11 +19,18 @@ class StreamObserver:
     """Feed it the response body as it arrives, with the time each chunk came: a chat
     completion's chunks or a Responses API's typed events."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, assemble: bool = False) -> None:
         self._splitter = sse.EventSplitter()
+        # The reply as emitted (chat completions), when asked for: reading every chunk.
+        self._assembler = ReplyAssembler() if assemble else None
         self.first_token_at: float | None = None
         self.usage: dict[str, Any] | None = None
         self.error: str | None = None
+
+    @property
+    def reply(self) -> dict[str, Any] | None:
+        """The assistant message the stream carried (only when built to assemble it)."""
+        return self._assembler.message() if self._assembler is not None else None
 
     def feed(self, chunk: bytes, now: float) -> None:
         for event in self._splitter.feed(chunk):
@@ -39,7 +46,12 @@ class StreamObserver:
         if data is None or data == sse.DONE:
             return
         # After the first token only usage and errors matter: skip parsing the rest.
-        if self.first_token_at is not None and b'"usage"' not in data and b'"error"' not in data:
+        if (
+            self._assembler is None
+            and self.first_token_at is not None
+            and b'"usage"' not in data
+            and b'"error"' not in data
+        ):
             return
         payload = sse.json_object(data)
         if payload is None:
@@ -50,6 +62,8 @@ class StreamObserver:
             return
         if "error" in payload:
             self.error = error_message(payload)
+        if self._assembler is not None:
+            self._assembler.feed(payload)
         if isinstance(payload.get("usage"), dict):
             self.usage = payload["usage"]
         choices = payload.get("choices")

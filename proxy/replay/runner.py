@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -41,6 +42,12 @@ class Options:
     profile: str = "faithful"
     concurrency: int = 1
     tool_latency: float = 0.0  # seconds the client "runs tools" before a step after tools
+    # When set, each tool round takes a time drawn from tool_latency..tool_latency_max
+    # instead, the same for a given conversation and step in every run (off vs on).
+    tool_latency_max: float | None = None
+    # Send back the replies the engine gave instead of the recorded ones (chat only), as an
+    # agent does: what a real model answers differs from the trace, unlike the simulator's.
+    echo_replies: bool = False
     max_tokens: int | None = None
     trim_tokens: int | None = None  # client-trim's budget (default: profiles.TRIM_TOKENS)
     api: str = "chat"  # the wire format: "chat" (completions) or "responses"
@@ -91,22 +98,24 @@ class Replayer:
 
     async def _conversation(self, conversation: Conversation) -> list[StepRecord]:
         records = []
+        emitted: dict[int, dict[str, Any]] = {}  # trace position -> the engine's reply
         for step in steps(conversation):
-            if step.after_tool and self._options.tool_latency > 0:
-                await self._sleep(self._options.tool_latency)
-            record = await self._step(step)
+            wait = tool_round(self._options, step) if step.after_tool else 0.0
+            if wait > 0:
+                await self._sleep(wait)
+            record = await self._step(step, emitted)
             records.append(record)
             if self._on_step is not None:
                 self._on_step(record)
         return records
 
-    async def _step(self, step: Step) -> StepRecord:
+    async def _step(self, step: Step, emitted: dict[int, dict[str, Any]]) -> StepRecord:
         options = self._options
-        body = request.build(step, self._profile, options.model, options.max_tokens)
+        body = request.build(step, self._profile, options.model, options.max_tokens, emitted)
         record = StepRecord(step.conversation.id, step.index, len(body["messages"]))
         if options.api == "responses":
             body = request.as_responses(body)
-        observer = StreamObserver()
+        observer = StreamObserver(assemble=options.echo_replies)
         content = jsonio.dumps(body)
         started = self._clock()
         try:
@@ -131,7 +140,17 @@ class Replayer:
         if observer.first_token_at is not None:
             record.ttft_s = observer.first_token_at - started
         record.prompt_tokens, record.cached_tokens = token_counts(observer.usage)
+        if observer.reply is not None and record.error is None:
+            emitted[step.position] = observer.reply
         return record
+
+
+def tool_round(options: Options, step: Step) -> float:
+    """Seconds the client runs its tools before ``step`` (one that answers tool calls)."""
+    low, high = options.tool_latency, options.tool_latency_max
+    if high is None or high <= low:
+        return low
+    return random.Random(f"{step.conversation.id}:{step.index}").uniform(low, high)
 
 
 def _body_error(body: bytes) -> str:

@@ -38,7 +38,7 @@ from proxy import tokens
 from proxy.background import free_port, spawn
 from proxy.replay import benchmark, synthetic
 from proxy.replay.report import percentile
-from tests.benchmarks.replay_matrix import TRACES, shortest
+from tests.benchmarks.replay_matrix import TRACES, subset
 
 HIGH = 0.75  # the proxy's default compaction_high
 LONG_SEED = 100  # long sessions: another seed than the demo's, so no prefix is shared
@@ -71,7 +71,7 @@ def parse_args() -> argparse.Namespace:
 
 def conversation_set(args: argparse.Namespace) -> Path:
     """The dev traces (or some of them) and the long sessions, in one JSONL file."""
-    traces = shortest(args.traces, args.shortest, args.out) if args.shortest else args.traces
+    traces = subset(args.traces, args.shortest, args.out) if args.shortest else args.traces
     lines = traces.read_text().splitlines()[: args.limit]
     long = synthetic.generate(args.long, LONG_SEED, steps=args.long_steps)
     path = args.out / "conversations.jsonl"

@@ -7,6 +7,7 @@ run), writes each profile's JSON and prints one markdown table for an issue note
     .venv/bin/python -m tests.benchmarks.replay_matrix                       # simulator
     .venv/bin/python -m tests.benchmarks.replay_matrix --engine http://127.0.0.1:8000 \\
         --shortest 3 --max-tokens 16                                          # real vLLM
+    (--median 3 instead of --shortest 3: three conversations of median length, 11-17 steps)
 """
 
 from __future__ import annotations
@@ -35,22 +36,27 @@ def parse_args() -> argparse.Namespace:
     add("--speed", type=float, default=50.0, help="simulator speed-up (default 50)")
     add("--limit", type=int, help="first N conversations")
     add("--shortest", type=int, metavar="N", help="only the N shortest conversations")
+    add("--median", type=int, metavar="N", help="only the N conversations of median length")
     add("--concurrency", type=int, default=1, help="conversations in flight (default 1)")
     add("--max-tokens", type=int, help="max_tokens per step (real vLLM on a CPU: 16)")
     add("--profiles", default=",".join(PROFILES), help="comma-separated (default: all)")
     add("--api", choices=("chat", "responses"), default="chat", help="the clients' wire format")
+    add("--echo-replies", action="store_true", help="send back the engine's replies (chat)")
     add("--out", type=Path, default=Path(".artifacts/replay-matrix"), help="JSON folder")
     return parser.parse_args()
 
 
-def shortest(traces: Path, count: int, folder: Path) -> Path:
+def subset(traces: Path, count: int, folder: Path, *, median: bool = False) -> Path:
     """A JSONL of the ``count`` conversations with the fewest characters (a real engine on a
-    CPU replays those in minutes), in their original order."""
+    CPU replays those in minutes), or of the ``count`` around the median length, in their
+    original order."""
     lines = traces.read_text().splitlines()
-    keep = sorted(sorted(range(len(lines)), key=lambda i: len(lines[i]))[:count])
-    subset = folder / f"shortest-{count}.jsonl"
-    subset.write_text("".join(lines[i] + "\n" for i in keep))
-    return subset
+    by_length = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+    start = max(len(lines) // 2 - count // 2, 0) if median else 0
+    keep = sorted(by_length[start : start + count])
+    path = folder / f"{'median' if median else 'shortest'}-{count}.jsonl"
+    path.write_text("".join(lines[i] + "\n" for i in keep))
+    return path
 
 
 def row(profile: str, direct: dict[str, Any], proxied: dict[str, Any]) -> str:
@@ -70,8 +76,9 @@ def row(profile: str, direct: dict[str, Any], proxied: dict[str, Any]) -> str:
 def main() -> int:
     args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.shortest:
-        args.traces = shortest(args.traces, args.shortest, args.out)
+    if args.shortest or args.median:
+        count = args.shortest or args.median
+        args.traces = subset(args.traces, count, args.out, median=bool(args.median))
     print(
         "| profile | requests | cached share, steps >= 1 (direct) | (proxy) | computed "
         "tokens (direct) | (proxy) | TTFT p50 ms (direct) | (proxy) | errors |\n"
@@ -94,6 +101,7 @@ def main() -> int:
                 max_tokens=args.max_tokens,
                 json_path=path,
                 api=args.api,
+                echo_replies=args.echo_replies,
             )
             status = asyncio.run(benchmark.execute(config, io.StringIO(), sys.stderr))
             if status == 2:

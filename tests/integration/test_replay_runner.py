@@ -10,7 +10,7 @@ import pytest
 
 from proxy.replay import synthetic, traces
 from proxy.replay.runner import Options, Replayer
-from tests.support.fake_upstream import stream_events
+from tests.support.fake_upstream import WORDS, stream_events
 
 pytestmark = pytest.mark.anyio
 
@@ -72,6 +72,32 @@ async def test_tool_latency_pauses_before_steps_that_follow_tool_results() -> No
     assert pauses == [0.25] * sum(step.after_tool for step in STEPS)
     _, none = await replay(Engine())
     assert none == []
+
+
+async def test_varied_tool_rounds_are_drawn_per_step_and_the_same_in_every_run() -> None:
+    _, first = await replay(Engine(), tool_latency=0.5, tool_latency_max=10.0)
+    _, again = await replay(Engine(), tool_latency=0.5, tool_latency_max=10.0)
+    assert sorted(first) == sorted(again) and len(first) == sum(s.after_tool for s in STEPS)
+    assert all(0.5 <= pause <= 10.0 for pause in first) and len(set(first)) == len(first)
+
+
+async def test_echoed_replies_replace_the_recorded_ones_in_later_steps() -> None:
+    engine = Engine()
+    await replay(engine, echo_replies=True)
+    emitted = {"role": "assistant", "content": "".join(WORDS)}  # what the engine streamed
+    conversation = CONVERSATIONS[0]
+    first, *later = [s for s in STEPS if s.conversation is conversation]
+    bodies = engine.bodies[: len(later) + 1]  # concurrency 1: this conversation's steps
+    for step, body in zip(later, bodies[1:], strict=True):
+        history = conversation.messages[: step.position]
+        replies = [k for k, m in enumerate(history) if m["role"] == "assistant"]
+        assert [body["messages"][k] for k in replies] == [emitted] * len(replies)
+        others = [m for k, m in enumerate(body["messages"]) if k not in replies]
+        assert others == [m for k, m in enumerate(step.messages) if k not in replies]
+    assert bodies[0]["messages"] == first.messages
+    plain = Engine()
+    await replay(plain)
+    assert plain.bodies[1]["messages"] == later[0].messages  # without: the trace's replies
 
 
 async def test_the_compaction_header_is_recorded_per_step() -> None:
