@@ -48,6 +48,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--capacity-tokens", type=int, default=40_000, help="sim KV cache (default 40000)")
     add("--concurrency", type=int, default=24, help="conversations in flight (default 24)")
     add("--tool-latency", type=float, default=5.0, help="seconds per tool round (default 5)")
+    add(
+        "--tool-latency-max",
+        type=float,
+        help="vary each tool round between --tool-latency and this (the same in both modes)",
+    )
+    add("--steps", type=int, help="at most N model calls per conversation (default: all)")
     add("--modes", default="off,on", help="warm-up modes to run, in order (default off,on)")
     add(
         "--proxy-setting",
@@ -95,7 +101,12 @@ async def replay(
 ) -> tuple[list[StepRecord], float]:
     async with make_client(args.concurrency, 600.0) as client:
         model = await discover_model(client, proxy)
-        options = Options(model=model, concurrency=args.concurrency, tool_latency=args.tool_latency)
+        options = Options(
+            model=model,
+            concurrency=args.concurrency,
+            tool_latency=args.tool_latency,
+            tool_latency_max=args.tool_latency_max,
+        )
         run = await Replayer(client, proxy, options).run(conversations)
     return run.steps, run.wall_s
 
@@ -114,7 +125,21 @@ def run_mode(
         engine_text, proxy_text = scrape(engine), scrape(proxy)
     followers = [s for s in steps if (s.conversation, s.step) in after_tool]
     computed = metric(engine_text, "vllm:prompt_tokens_by_source_total", 'source="local_compute"')
-    return summary(warmup, steps, followers, computed, proxy_text, wall)
+    result = summary(warmup, steps, followers, computed, proxy_text, wall)
+    # The simulator says how long it ran steps (vLLM does not: None).
+    busy = metric(engine_text, "sim:engine_busy_seconds_total")
+    known = "sim:engine_busy_seconds_total" in engine_text and wall > 0
+    result["engine_idle"] = max(1.0 - busy / wall, 0.0) if known else None
+    return result
+
+
+def truncate(conversation: traces.Conversation, steps: int | None) -> traces.Conversation:
+    """The conversation up to its ``steps``-th model call (all of it without a limit)."""
+    calls = traces.steps(conversation)
+    if steps is None or len(calls) <= steps:
+        return conversation
+    end = calls[steps - 1].position + 1
+    return dataclasses.replace(conversation, messages=conversation.messages[:end])
 
 
 def summary(
@@ -145,6 +170,7 @@ def summary(
         "cold": len(cold),
         "p50": percentile(ttfts, 0.5),
         "p90": percentile(ttfts, 0.9),
+        "p95": percentile(ttfts, 0.95),
         "cached_share": cached / prompt if prompt else 0.0,
         "engine_computed": engine_computed,
         "warmups": metric(proxy_text, "prefill_proxy_warmups_total", 'outcome="ok"'),
@@ -156,6 +182,8 @@ def summary(
         },
         "timed": metric(proxy_text, "prefill_proxy_warmups_total", 'trigger="tool_calls_timed"'),
         "warmup_tokens": metric(proxy_text, "prefill_proxy_warmup_computed_tokens_total"),
+        "warmed_cached": metric(proxy_text, "prefill_proxy_warmed_steps_total", '"cached"'),
+        "warmed_missed": metric(proxy_text, "prefill_proxy_warmed_steps_total", '"missed"'),
         "wall": wall,
     }
 
@@ -166,12 +194,14 @@ HEADER = (
     "after tool calls",
     "of which prefix lost",
     "TTFT p50 ms",
-    "TTFT p90 ms",
+    "TTFT p95 ms",
     "cached share",
     "engine computed tokens",
     "warm-ups ok (timed; failed)",
     "skipped",
     "warm-up computed tokens",
+    "warmed steps cached / missed",
+    "engine idle",
     "wall s",
 )
 
@@ -188,12 +218,14 @@ def table(results: list[dict[str, Any]]) -> str:
             str(r["after_tool"]),
             str(r["cold"]),
             f"{1000 * (r['p50'] or 0):.0f}",
-            f"{1000 * (r['p90'] or 0):.0f}",
+            f"{1000 * (r['p95'] or 0):.0f}",
             f"{100 * r['cached_share']:.1f}%",
             f"{r['engine_computed']:,.0f}",
             f"{r['warmups']:.0f} ({r['timed']:.0f}; {r['warmup_errors']:.0f})",
             skips,
             f"{r['warmup_tokens']:,.0f}",
+            f"{r['warmed_cached']:.0f} / {r['warmed_missed']:.0f}",
+            "n/a" if r["engine_idle"] is None else f"{100 * r['engine_idle']:.0f}%",
             f"{r['wall']:.0f}",
         )
         rows.append("| " + " | ".join(cells) + " |")
@@ -212,7 +244,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    conversations = traces.load(args.traces, args.limit)
+    conversations = [truncate(c, args.steps) for c in traces.load(args.traces, args.limit)]
     print(
         f"{len(conversations)} conversations, concurrency {args.concurrency}, tool latency "
         f"{args.tool_latency} s, sim speed {args.speed}, KV capacity {args.capacity_tokens:,} "

@@ -1,0 +1,213 @@
+"""Warm-up over a matrix of traffic shapes: does it pay where it was not tuned?
+
+Each cell runs tests/benchmarks/warmup.py's two modes (warm-up off, then on; a fresh
+simulator and proxy each, at speed 1 so that tool rounds and engine time are real) on
+the dev traces or on synthetic sessions (tests/benchmarks/shapes.py), varying KV capacity
+(roomy to heavily oversubscribed), sessions at once, tool time (fixed or drawn per call),
+how much of the prompt sessions share, and parallel tool calls per step. Prints one
+markdown table, writes every cell's figures as JSON and, with matplotlib, a plot of the
+gain over the matrix.
+
+    .venv/bin/python -m tests.benchmarks.warmup_matrix                  # ~25 minutes
+    .venv/bin/python -m tests.benchmarks.warmup_matrix --cells dev-40k-24-5s,shared-none
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from proxy.replay import traces
+from tests.benchmarks import warmup
+from tests.benchmarks.shapes import Shape, sessions
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    name: str
+    capacity: int  # the simulator's KV cache, tokens
+    sessions: int  # conversations at once (each cell runs one wave of them)
+    tool_s: float  # seconds per tool round, or the low end of a range
+    tool_max_s: float | None = None  # drawn per call from tool_s..tool_max_s
+    shape: Shape | None = None  # None: the dev traces
+
+
+DEV = None
+WIDE = Shape(sessions=24, system_chars=20_000, shared=1.0, tools=13)
+CELLS = (
+    # The dev traces (three system prompts + tools of ~4.3k tokens, ~2k of their own).
+    Cell("dev-roomy-24-5s", 400_000, 24, 5.0),
+    Cell("dev-60k-12-3s", 60_000, 12, 3.0),
+    Cell("dev-40k-24-5s", 40_000, 24, 5.0),
+    Cell("dev-30k-16-5s", 30_000, 16, 5.0),
+    Cell("dev-40k-24-0.5s", 40_000, 24, 0.5),
+    Cell("dev-40k-24-varied", 40_000, 24, 0.5, 10.0),
+    Cell("dev-25k-24-10s", 25_000, 24, 10.0),
+    # Synthetic: a 20k-character system prompt (~3k tokens) and 13 tools (~1.9k), shared
+    # by every session or by none; ~6.3k tokens a session at 8 steps.
+    Cell("shared-most-25k", 25_000, 24, 5.0, shape=WIDE),
+    Cell("shared-half-50k", 50_000, 24, 5.0, shape=dataclasses.replace(WIDE, shared=0.5)),
+    Cell("shared-none-100k", 100_000, 24, 5.0, shape=dataclasses.replace(WIDE, shared=0.0)),
+    Cell("shared-none-roomy", 400_000, 24, 5.0, shape=dataclasses.replace(WIDE, shared=0.0)),
+    # 44 tools (~6.5k tokens), 4 parallel calls a step, tool time 3-9 s; ~12.6k a session.
+    Cell(
+        "parallel-4-44tools",
+        60_000,
+        16,
+        3.0,
+        3.0 * 3,
+        shape=Shape(sessions=16, system_chars=8_000, shared=0.5, tools=44, parallel=4),
+    ),
+)
+STEPS = 8  # model calls per conversation
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--cells", default=",".join(c.name for c in CELLS), help="comma-separated names")
+    add("--steps", type=int, default=STEPS, help=f"model calls per conversation ({STEPS})")
+    add("--proxy-setting", action="append", default=[], metavar="NAME=VALUE")
+    add("--json", type=Path, default=Path(".artifacts/warmup-matrix.json"))
+    add("--plot", type=Path, help="a PNG of the gain per cell (needs matplotlib)")
+    return parser.parse_args(argv)
+
+
+def conversations(cell: Cell, steps: int) -> list[traces.Conversation]:
+    if cell.shape is None:
+        loaded = traces.load(warmup.TRACES, cell.sessions)
+    else:
+        loaded = sessions(dataclasses.replace(cell.shape, sessions=cell.sessions))
+    return [warmup.truncate(c, steps) for c in loaded]
+
+
+def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
+    options = argparse.Namespace(
+        speed=1.0,
+        capacity_tokens=cell.capacity,
+        concurrency=cell.sessions,
+        tool_latency=cell.tool_s,
+        tool_latency_max=cell.tool_max_s,
+        proxy_setting=args.proxy_setting,
+    )
+    chosen = conversations(cell, args.steps)
+    modes = {}
+    for on in (False, True):
+        result = warmup.run_mode(options, on, chosen)
+        result.pop("records")
+        modes["on" if on else "off"] = result
+    return {"cell": dataclasses.asdict(cell), "off": modes["off"], "on": modes["on"]}
+
+
+def _ratio(off: float | None, on: float | None) -> str:
+    return f"{off / on:.2f}x" if off and on else "n/a"
+
+
+def _ms(value: float | None) -> str:
+    return f"{1000 * (value or 0):,.0f}"
+
+
+def row(result: dict[str, Any]) -> str:
+    cell, off, on = result["cell"], result["off"], result["on"]
+    shape = cell["shape"]
+    what = (
+        "dev traces"
+        if shape is None
+        else (
+            f"{shape['system_chars'] // 1000}k chars, shared {shape['shared']:.0%}, "
+            f"{shape['tools']} tools, {shape['parallel']} calls"
+        )
+    )
+    tool = f"{cell['tool_s']:g}" + (f"-{cell['tool_max_s']:g}" if cell["tool_max_s"] else "")
+    extra = on["engine_computed"] - off["engine_computed"]
+    skips = ", ".join(f"{k} {v:.0f}" for k, v in sorted(on["skips"].items())) or "0"
+    idle = "/".join(
+        "n/a" if m["engine_idle"] is None else f"{100 * m['engine_idle']:.0f}%" for m in (off, on)
+    )
+    cells = (
+        cell["name"],
+        what,
+        f"{cell['capacity'] // 1000}k",
+        str(cell["sessions"]),
+        tool,
+        f"{_ms(off['p50'])} -> {_ms(on['p50'])} ({_ratio(off['p50'], on['p50'])})",
+        f"{_ms(off['p95'])} -> {_ms(on['p95'])} ({_ratio(off['p95'], on['p95'])})",
+        f"{100 * off['cached_share']:.1f} / {100 * on['cached_share']:.1f}%",
+        f"{off['cold']} / {on['cold']} of {off['after_tool']}",
+        f"{off['engine_computed']:,.0f} -> {on['engine_computed']:,.0f} "
+        f"({100 * extra / max(off['engine_computed'], 1):+.1f}%)",
+        f"{on['warmups']:.0f} ({on['timed']:.0f} timed); skipped: {skips}",
+        f"{on['warmed_cached']:.0f} / {on['warmed_missed']:.0f}",
+        idle,
+    )
+    return "| " + " | ".join(cells) + " |"
+
+
+HEADER = (
+    "cell",
+    "sessions' shape",
+    "KV",
+    "at once",
+    "tool s",
+    "TTFT p50 ms after tools, off -> on",
+    "p95",
+    "cached share off / on",
+    "prefix lost off / on",
+    "engine prefill, tokens off -> on",
+    "warm-ups sent",
+    "warmed steps cached / missed",
+    "engine idle off / on",
+)
+
+
+def table(results: Sequence[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|---" + "|---:" * (len(HEADER) - 1) + "|"]
+    return "\n".join([*lines, *(row(r) for r in results)])
+
+
+def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
+    from proxy.replay.plot import _pyplot
+
+    plt = _pyplot()
+    names = [r["cell"]["name"] for r in results]
+    gains = [(r["off"]["p50"] or 0) / (r["on"]["p50"] or 1) for r in results]
+    tails = [(r["off"]["p95"] or 0) / (r["on"]["p95"] or 1) for r in results]
+    figure, axes = plt.subplots(figsize=(10, 4.5))
+    xs = range(len(names))
+    axes.bar([x - 0.2 for x in xs], gains, 0.4, label="TTFT p50 off / on")
+    axes.bar([x + 0.2 for x in xs], tails, 0.4, label="TTFT p95 off / on")
+    axes.axhline(1.0, color="grey", linewidth=0.8)
+    axes.axhline(2.0, color="grey", linewidth=0.8, linestyle="--")
+    axes.set_xticks(list(xs), names, rotation=35, ha="right", fontsize=8)
+    axes.set_ylabel("gain after tool calls (x)")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    by_name = {cell.name: cell for cell in CELLS}
+    unknown = [name for name in args.cells.split(",") if name not in by_name]
+    if unknown:
+        print(f"unknown cells: {', '.join(unknown)}; known: {', '.join(by_name)}")
+        return 2
+    results = []
+    for name in args.cells.split(","):
+        results.append(run_cell(by_name[name], args))
+        print(row(results[-1]), file=sys.stderr, flush=True)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1) + "\n")  # kept as it goes
+    print(table(results))
+    if args.plot:
+        plot(results, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
