@@ -48,6 +48,9 @@ class Options:
     # Send back the replies the engine gave instead of the recorded ones (chat only), as an
     # agent does: what a real model answers differs from the trace, unlike the simulator's.
     echo_replies: bool = False
+    # The first conversations in flight start spread evenly over this many seconds rather
+    # than at once (sessions that all start together stay in lockstep for a while).
+    start_spread: float = 0.0
     max_tokens: int | None = None
     trim_tokens: int | None = None  # client-trim's budget (default: profiles.TRIM_TOKENS)
     api: str = "chat"  # the wire format: "chat" (completions) or "responses"
@@ -87,12 +90,15 @@ class Replayer:
         results: dict[int, list[StepRecord]] = {}
         pending = iter(enumerate(conversations))
 
-        async def worker() -> None:
+        workers = min(max(self._options.concurrency, 1), len(conversations))
+
+        async def worker(number: int) -> None:
+            if self._options.start_spread > 0 and number:
+                await self._sleep(self._options.start_spread * number / workers)
             for index, conversation in pending:  # shared: each worker takes the next one
                 results[index] = await self._conversation(conversation)
 
-        workers = min(max(self._options.concurrency, 1), len(conversations))
-        await asyncio.gather(*(worker() for _ in range(workers)))
+        await asyncio.gather(*(worker(number) for number in range(workers)))
         records = [record for index in sorted(results) for record in results[index]]
         return Run(records, self._clock() - started)
 

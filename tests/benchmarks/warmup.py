@@ -54,6 +54,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="vary each tool round between --tool-latency and this (the same in both modes)",
     )
     add("--steps", type=int, help="at most N model calls per conversation (default: all)")
+    add(
+        "--start-spread",
+        type=float,
+        default=0.0,
+        help="start the first conversations spread over this many seconds (default 0)",
+    )
     add("--modes", default="off,on", help="warm-up modes to run, in order (default off,on)")
     add(
         "--proxy-setting",
@@ -106,6 +112,7 @@ async def replay(
             concurrency=args.concurrency,
             tool_latency=args.tool_latency,
             tool_latency_max=args.tool_latency_max,
+            start_spread=args.start_spread,
         )
         run = await Replayer(client, proxy, options).run(conversations)
     return run.steps, run.wall_s
@@ -134,12 +141,15 @@ def run_mode(
 
 
 def truncate(conversation: traces.Conversation, steps: int | None) -> traces.Conversation:
-    """The conversation up to its ``steps``-th model call (all of it without a limit)."""
+    """The conversation up to its ``steps``-th model call (all of it without a limit). That
+    call answers in text, as a finished session does: a cut after tool calls would leave
+    warm-ups for a step that never comes, a cost no agent that carries on pays."""
     calls = traces.steps(conversation)
     if steps is None or len(calls) <= steps:
         return conversation
-    end = calls[steps - 1].position + 1
-    return dataclasses.replace(conversation, messages=conversation.messages[:end])
+    end = calls[steps - 1].position
+    answer = {"role": "assistant", "content": "That is all done. Anything else I can help with?"}
+    return dataclasses.replace(conversation, messages=[*conversation.messages[:end], answer])
 
 
 def summary(
@@ -185,6 +195,7 @@ def summary(
         "warmed_cached": metric(proxy_text, "prefill_proxy_warmed_steps_total", '"cached"'),
         "warmed_missed": metric(proxy_text, "prefill_proxy_warmed_steps_total", '"missed"'),
         "wall": wall,
+        "engine_idle": None,  # known on the simulator only (run_mode)
     }
 
 

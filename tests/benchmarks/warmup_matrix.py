@@ -93,6 +93,11 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
         concurrency=cell.sessions,
         tool_latency=cell.tool_s,
         tool_latency_max=cell.tool_max_s,
+        # Sessions start spread over one tool round, as a service in steady state sees
+        # them: started together, identical sessions would stay in lockstep.
+        start_spread=cell.tool_s
+        if cell.tool_max_s is None
+        else (cell.tool_s + cell.tool_max_s) / 2,
         proxy_setting=args.proxy_setting,
     )
     chosen = conversations(cell, args.steps)

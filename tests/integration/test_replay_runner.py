@@ -81,6 +81,12 @@ async def test_varied_tool_rounds_are_drawn_per_step_and_the_same_in_every_run()
     assert all(0.5 <= pause <= 10.0 for pause in first) and len(set(first)) == len(first)
 
 
+async def test_a_start_spread_delays_each_worker_by_its_share() -> None:
+    _, pauses = await replay(Engine(), concurrency=4, start_spread=2.0)
+    assert sorted(pauses)[:3] == [0.5, 1.0, 1.5]  # workers 1-3; worker 0 starts at once
+    assert len(pauses) == 3  # no tool latency: nothing else pauses
+
+
 async def test_echoed_replies_replace_the_recorded_ones_in_later_steps() -> None:
     engine = Engine()
     await replay(engine, echo_replies=True)

@@ -45,9 +45,12 @@ def test_the_same_seed_gives_the_same_sessions() -> None:
     assert sessions(shape) == sessions(shape) != sessions(shape, seed=1)
 
 
-def test_truncate_keeps_the_first_steps_whole() -> None:
+def test_truncate_keeps_the_first_steps_and_ends_in_an_answer() -> None:
     (conversation,) = sessions(Shape(sessions=1, steps=8, parallel=2))
     cut = warmup.truncate(conversation, 3)
-    assert [s.reply for s in traces.steps(cut)] == [s.reply for s in traces.steps(conversation)[:3]]
-    assert cut.messages[-1] == traces.steps(conversation)[2].reply
+    steps = traces.steps(cut)
+    assert [s.reply for s in steps[:2]] == [s.reply for s in traces.steps(conversation)[:2]]
+    assert len(steps) == 3 and steps[2].messages == traces.steps(conversation)[2].messages
+    # The last call answers in text: no warm-up waits for a step that never comes.
+    assert "tool_calls" not in steps[2].reply and steps[2].reply["content"]
     assert warmup.truncate(conversation, None) is conversation
