@@ -367,7 +367,9 @@ class Metrics:
         self.warmups_skipped = Counter(
             "prefill_proxy_warmups_skipped",
             "Warm-ups not sent, by reason (session_busy, global_cap, engine_busy, "
-            "proxy_busy, too_short, disabled, client_back: the client returned first).",
+            "proxy_busy, too_short, disabled, client_back: the client returned first, "
+            "still_cached: the engine's recent timed warm-ups found their prefix cached, "
+            "evicted_before_use: half of them were evicted again before their step).",
             ("reason",),
             registry=registry,
         )

@@ -158,7 +158,8 @@ class Engine:
                 await self._wake.wait()
                 continue
             self._admitted(step.scheduled, start)
-            duration = self.cost.step_seconds(step.work()) / self.speed
+            duration, compute = self.cost.step_cost(step.work())
+            duration, compute = duration / self.speed, compute / self.speed
             deadline = max(deadline, start) + duration
             await self.clock.sleep(deadline - self.clock.now())
             now = self.clock.now()
@@ -167,6 +168,7 @@ class Engine:
             if self.metrics is not None:
                 self.metrics.preempted(len(step.preempted))
                 self.metrics.busy_seconds.inc(duration)
+                self.metrics.compute_seconds.inc(compute)
 
     def _admitted(self, scheduled: list[Scheduled], now: float) -> None:
         for item in scheduled:

@@ -106,6 +106,11 @@ class SimMetrics:
         self.busy_seconds = counter(
             "sim:engine_busy_seconds", "Wall seconds the engine spent running steps."
         )
+        self.compute_seconds = counter(
+            "sim:engine_compute_seconds",
+            "Wall seconds of those steps' arithmetic (the rest of a step bound by memory "
+            "traffic is room for more tokens at no cost).",
+        )
         self._success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",

@@ -65,13 +65,19 @@ class CostModel:
 
     def step_seconds(self, batch: Iterable[Work]) -> float:
         """Modelled duration of one forward pass over ``batch`` (0 for an empty batch)."""
+        return self.step_cost(batch)[0]
+
+    def step_cost(self, batch: Iterable[Work]) -> tuple[float, float]:
+        """(duration, compute) of one forward pass: compute is the part the arithmetic
+        takes, so duration minus compute is what a step bound by memory traffic leaves
+        for more tokens at no cost (a decode step leaves most of it)."""
         tokens = pairs = kv_read = 0
         for work in batch:
             tokens += work.tokens
             pairs += work.tokens * work.context + work.tokens * (work.tokens + 1) // 2
             kv_read += work.context + work.tokens
         if tokens == 0:
-            return 0.0
+            return 0.0, 0.0
         compute = tokens * self.prefill_token_s + pairs * self.attention_pair_s
         memory = self.weights_read_s + kv_read * self.kv_read_token_s
-        return self.step_overhead_s + max(compute, memory)
+        return self.step_overhead_s + max(compute, memory), compute

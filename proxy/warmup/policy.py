@@ -42,6 +42,15 @@ MIN_TIMED_GAP_S = 1.0
 RECOMPUTE_LEAD = 1.0  # lead at least as long as recent recomputing warm-ups took
 GAPS_KEPT = 4  # recent tool rounds per session that the estimate looks at
 RETRY_S = 0.25  # a timed warm-up that finds no room tries again this much later
+# While an engine's last CACHED_STREAK timed warm-ups all found their prefix still cached
+# (nothing was evicted during those tool rounds), only one timed warm-up in PROBE_EVERY
+# goes: the others would cost a /tokenize and an engine step for nothing. Likewise while
+# WASTED_SHARE or more of its last OUTCOMES_KEPT timed warm-ups were evicted again before
+# their step came (a cache that thrashes: they only add work to a saturated engine).
+CACHED_STREAK = 8
+PROBE_EVERY = 4
+OUTCOMES_KEPT = 16
+WASTED_SHARE = 0.5
 TRIGGERS = ("tool_calls", "tool_calls_timed", "compaction")
 
 
@@ -78,6 +87,20 @@ def engine_busy(limits: Limits, waiting: int | None) -> bool:
     """Whether the engine queues more requests than warm-ups may add to. One that does not
     say (``None``: not vLLM, no metrics) is taken as idle."""
     return waiting is not None and waiting > limits.max_waiting
+
+
+def timed_skip(recomputed: Sequence[bool], missed: Sequence[bool], skipped: int) -> str | None:
+    """Why a timed warm-up is not worth sending, or None: given whether the engine's recent
+    timed warm-ups had to recompute evicted blocks, whether their steps then missed what
+    they warmed (each oldest first), and how many were skipped since the last one went. One
+    in PROBE_EVERY goes all the same, so the reading stays fresh when things change."""
+    if len(recomputed) >= CACHED_STREAK and not any(recomputed[-CACHED_STREAK:]):
+        reason = "still_cached"
+    elif len(missed) >= CACHED_STREAK and sum(missed) >= WASTED_SHARE * len(missed):
+        reason = "evicted_before_use"
+    else:
+        return None
+    return None if skipped + 1 >= PROBE_EVERY else reason
 
 
 def warm_delay(gaps: Sequence[float], recompute_s: float = 0.0) -> float | None:

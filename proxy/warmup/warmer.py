@@ -5,6 +5,7 @@ the bounds of proxy.warmup.policy, and observes the TTFT of the steps after tool
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import functools
 import logging
@@ -22,11 +23,14 @@ from proxy.sessions import Session
 from proxy.tracker import Turn
 from proxy.upstream import RawHeaders, Upstream
 from proxy.warmup.policy import (
+    CACHED_STREAK,
     GAPS_KEPT,
+    OUTCOMES_KEPT,
     RETRY_S,
     Limits,
     engine_busy,
     skip_reason,
+    timed_skip,
     warm_delay,
 )
 from proxy.warmup.shape import (
@@ -44,6 +48,7 @@ TIMEOUT_S = 120.0  # a warm-up still running after this is no help to anyone
 STATUS_MAX_AGE_S = 2.0  # engine readings older than this are refreshed before a warm-up
 RECOMPUTE_BLOCKS = 4  # warm-ups that computed this many blocks count as recomputing
 RECOMPUTE_WEIGHT = 0.2  # of the newest one in the moving average of their durations
+AWAITING_KEPT = 4096  # timed warm-ups whose step has not come yet (abandoned ones age out)
 
 
 class WarmupFailed(Exception):
@@ -76,6 +81,7 @@ class _Job:
     window: float = 0.0  # and until this many seconds after that (the client's return)
     tokens: list[int] | None = None  # the rendered prompt, once /tokenize said
     too_short: bool = False
+    warmed: int = 0  # prompt tokens the last warm-up sent left cached
 
 
 def _set_warmed(tokens: int, session: Session) -> None:
@@ -123,6 +129,13 @@ class Warmer:
         # How long recent warm-ups took that recomputed evicted blocks (moving average):
         # the engine's speed, which the timed warm-up's lead must leave room for.
         self._recompute_s = 0.0
+        # Per engine: whether its recent timed warm-ups recomputed evicted blocks, whether
+        # their steps missed what they warmed, and how many were skipped since one went
+        # (policy.timed_skip). Timed warm-ups done, by session: (engine, tokens warmed).
+        self._recomputed: dict[str, collections.deque[bool]] = {}
+        self._missed: dict[str, collections.deque[bool]] = {}
+        self._timed_skipped: dict[str, int] = {}
+        self._awaiting: collections.OrderedDict[str, tuple[str, int]] = collections.OrderedDict()
 
     @property
     def block_size(self) -> int:
@@ -167,6 +180,16 @@ class Warmer:
         if turn.follows_tool_calls and turn.warmed_tokens and counts is not None:
             held = counts[1] >= turn.warmed_tokens
             self._metrics.warmed_steps.labels("cached" if held else "missed").inc()
+        timed = self._awaiting.pop(turn.session.key, None)
+        if timed is not None and counts is not None and turn.follows_tool_calls:
+            engine, tokens = timed
+            self._history(self._missed, engine, OUTCOMES_KEPT).append(counts[1] < tokens)
+
+    @staticmethod
+    def _history(
+        table: dict[str, collections.deque[bool]], engine: str, size: int
+    ) -> collections.deque[bool]:
+        return table.setdefault(engine, collections.deque(maxlen=size))
 
     def client_back(self, session_key: str) -> None:
         """The session's next request arrived (SessionTracker.on_open): its warm-up is late."""
@@ -233,6 +256,15 @@ class Warmer:
             return
         await self._sleep(job.delay)
         job.trigger = "tool_calls_timed"
+        skipped = self._timed_skipped.get(job.engine, 0)
+        recomputed = self._history(self._recomputed, job.engine, CACHED_STREAK)
+        missed = self._history(self._missed, job.engine, OUTCOMES_KEPT)
+        unwanted = timed_skip(list(recomputed), list(missed), skipped)
+        if unwanted is not None:
+            self._timed_skipped[job.engine] = skipped + 1
+            self._metrics.warmups_skipped.labels(unwanted).inc()
+            return
+        self._timed_skipped[job.engine] = 0
         # Until the client is expected back, a busy moment is waited out, not a reason to
         # give the warm-up up: vLLM counts a request as waiting until its next scheduler
         # step, so under load one reading often catches one in passing.
@@ -298,9 +330,17 @@ class Warmer:
         counts = token_counts(usage)
         computed = max(counts[0] - counts[1], 0) if counts is not None else 0
         self._metrics.warmup_tokens.inc(computed)
-        if computed >= RECOMPUTE_BLOCKS * self.block_size:
+        recomputed = computed >= RECOMPUTE_BLOCKS * self.block_size
+        if recomputed:
             previous = self._recompute_s or duration
             self._recompute_s = previous + (duration - previous) * RECOMPUTE_WEIGHT
+        if job.trigger == "tool_calls_timed":
+            self._history(self._recomputed, job.engine, CACHED_STREAK).append(recomputed)
+            if job.warmed and job.marks and not job.client_back:  # its step is still to come
+                self._awaiting[job.session_key] = (job.engine, job.warmed)
+                self._awaiting.move_to_end(job.session_key)
+                while len(self._awaiting) > AWAITING_KEPT:
+                    self._awaiting.popitem(last=False)
 
     async def _send(self, job: _Job) -> dict[str, Any] | None:
         """Send the warm-up; its usage (possibly empty), or None when it was skipped."""
@@ -332,6 +372,7 @@ class Warmer:
         return await self._upstream.call(path, payload, headers=job.credentials, base=job.engine)
 
     def _mark_warmed(self, job: _Job, tokens: int) -> None:
+        job.warmed = tokens
         # Only while the client is still away: its next request reads the flag when it
         # arrives (SessionTracker.open), and a later mark would label the step after it.
         if job.marks and not job.client_back and self._post is not None:

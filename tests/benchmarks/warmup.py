@@ -137,6 +137,8 @@ def run_mode(
     busy = metric(engine_text, "sim:engine_busy_seconds_total")
     known = "sim:engine_busy_seconds_total" in engine_text and wall > 0
     result["engine_idle"] = max(1.0 - busy / wall, 0.0) if known else None
+    compute = metric(engine_text, "sim:engine_compute_seconds_total")
+    result["engine_compute"] = compute / wall if known else None
     return result
 
 
@@ -196,6 +198,7 @@ def summary(
         "warmed_missed": metric(proxy_text, "prefill_proxy_warmed_steps_total", '"missed"'),
         "wall": wall,
         "engine_idle": None,  # known on the simulator only (run_mode)
+        "engine_compute": None,
     }
 
 

@@ -131,9 +131,12 @@ def row(result: dict[str, Any]) -> str:
     tool = f"{cell['tool_s']:g}" + (f"-{cell['tool_max_s']:g}" if cell["tool_max_s"] else "")
     extra = on["engine_computed"] - off["engine_computed"]
     skips = ", ".join(f"{k} {v:.0f}" for k, v in sorted(on["skips"].items())) or "0"
-    idle = "/".join(
-        "n/a" if m["engine_idle"] is None else f"{100 * m['engine_idle']:.0f}%" for m in (off, on)
-    )
+
+    def share(mode: dict[str, Any], key: str) -> str:
+        return "n/a" if mode.get(key) is None else f"{100 * mode[key]:.0f}%"
+
+    idle = f"{share(off, 'engine_idle')} / {share(on, 'engine_idle')}"
+    compute = f"{share(off, 'engine_compute')} / {share(on, 'engine_compute')}"
     cells = (
         cell["name"],
         what,
@@ -149,6 +152,7 @@ def row(result: dict[str, Any]) -> str:
         f"{on['warmups']:.0f} ({on['timed']:.0f} timed); skipped: {skips}",
         f"{on['warmed_cached']:.0f} / {on['warmed_missed']:.0f}",
         idle,
+        compute,
     )
     return "| " + " | ".join(cells) + " |"
 
@@ -167,6 +171,7 @@ HEADER = (
     "warm-ups sent",
     "warmed steps cached / missed",
     "engine idle off / on",
+    "engine compute busy off / on",
 )
 
 

@@ -107,7 +107,8 @@ class Agent:
         history: list[dict[str, Any]] = []
         ids: dict[str, str] = {}  # recorded tool-call id -> the one vLLM emitted
         done, records = 0, []
-        for step in traces.steps(conversation)[: self.args.steps]:
+        steps = traces.steps(conversation)[: self.args.steps]
+        for step in steps:
             for message in conversation.messages[done : step.position]:
                 if message.get("role") == "tool":
                     message = {**message, "tool_call_id": ids.get(message["tool_call_id"], "")}
@@ -115,9 +116,10 @@ class Agent:
             if step.after_tool:
                 await asyncio.sleep(self.args.tool_latency)
             record = StepRecord(conversation.id, step.index, len(history))
-            reply = await self._step(
-                conversation, history, scripted(step.reply, self.args.max_text), record
-            )
+            # The last step answers in text, as a finished session does: tool calls there
+            # would leave a warm-up for a step that never comes (warmup.truncate).
+            script = scripted(step.reply, self.args.max_text) if step is not steps[-1] else "Done."
+            reply = await self._step(conversation, history, script, record)
             recorded = step.reply.get("tool_calls") or []
             emitted = reply.get("tool_calls") or []
             ids.update({r["id"]: e["id"] for r, e in zip(recorded, emitted, strict=False)})

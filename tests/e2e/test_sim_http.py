@@ -352,7 +352,8 @@ def test_metrics_have_vllms_names_and_count_the_cache(sim) -> None:
     assert sim.sample("vllm:num_requests_running") == 0
     assert sim.sample("vllm:kv_cache_usage_perc") == 0
     # The simulator's own: the steps' modelled time, which the requests waited out.
-    assert 0 < sim.sample("sim:engine_busy_seconds_total") <= elapsed
+    busy = sim.sample("sim:engine_busy_seconds_total")
+    assert 0 < sim.sample("sim:engine_compute_seconds_total") < busy <= elapsed
 
 
 def test_reset_prefix_cache_makes_the_next_run_cold(sim) -> None:

@@ -29,7 +29,7 @@ from proxy.sim.config import SimConfig
 from proxy.tracker import Turn
 from proxy.upstream import Upstream
 from proxy.warmup import Warmer
-from proxy.warmup.policy import RETRY_S
+from proxy.warmup.policy import CACHED_STREAK, PROBE_EVERY, RETRY_S
 from tests.support.proxies import RunningProxy
 from tests.support.servers import serve
 
@@ -415,12 +415,23 @@ class Direct:
         )
         self.session = Session("s1")
 
-    def reply(self, messages: list, reply: dict, *, arrived: float, after_tools: bool) -> None:
-        """A recorded reply to a request that arrived at ``arrived`` (the warmer's clock)."""
+    def reply(
+        self,
+        messages: list,
+        reply: dict,
+        *,
+        arrived: float,
+        after_tools: bool,
+        usage: dict | None = None,
+    ) -> None:
+        """A recorded reply to a request that arrived at ``arrived`` (the warmer's clock),
+        with the usage the engine gave that request."""
         turn = Turn(self.session, messages, [], forwarded_messages=messages)
         turn.request = {"model": MODEL, "messages": messages, "tools": TOOLS}
         turn.follows_tool_calls = after_tools
-        exchange = Exchange("/v1/chat/completions", "POST", started=arrived, reply=reply)
+        exchange = Exchange(
+            "/v1/chat/completions", "POST", started=arrived, reply=reply, usage=usage
+        )
         self.now = arrived + 0.5  # the reply is recorded half a second after its request
         self.warmer.after_reply(turn, exchange)
 
@@ -533,4 +544,83 @@ async def test_a_timed_warmup_gives_up_when_the_engine_stays_busy(engine) -> Non
     await _until(lambda: direct.sample(SKIPPED, reason="engine_busy") == 3)
     assert delays == [9.0] + [RETRY_S] * 4  # one second early, then until it is due
     assert direct.sent("tool_calls_timed") == 0
+    await direct.close()
+
+
+async def _timed_rounds(direct: Direct, engine: Engine, tag: str, rounds: int) -> None:
+    """``rounds`` tool rounds of 3 s, each waited out until its timed warm-up is done or
+    skipped (a newer reply would cancel it)."""
+    messages, reply, _ = aligned_step(engine, tag)
+    direct.reply(messages, reply, arrived=1000.0, after_tools=False)
+    await _until(lambda: direct.sent("tool_calls") == 1)
+    for n in range(1, rounds + 1):
+        direct.reply(messages, reply, arrived=1000.0 + 3.5 * n, after_tools=True)
+        await _until(
+            lambda n=n: (
+                direct.sent("tool_calls_timed") + direct.sample(SKIPPED, reason="still_cached") == n
+            )
+        )
+
+
+@pytest.mark.anyio
+async def test_timed_warmups_that_keep_finding_their_prefix_cached_mostly_stop(engine) -> None:
+    async def sleep(seconds: float) -> None:
+        pass
+
+    direct = Direct(engine, sleep)
+    await _timed_rounds(direct, engine, "roomy", CACHED_STREAK + 2 * PROBE_EVERY)
+    # A roomy engine: every timed warm-up found its blocks still cached. After a streak of
+    # them, one in PROBE_EVERY goes.
+    assert direct.sent("tool_calls_timed") == CACHED_STREAK + 2
+    assert direct.sample(SKIPPED, reason="still_cached") == 2 * (PROBE_EVERY - 1)
+    await direct.close()
+
+
+@pytest.mark.anyio
+async def test_timed_warmups_that_recompute_evicted_blocks_all_go(engine) -> None:
+    async def sleep(seconds: float) -> None:
+        # Other sessions' traffic evicts this one's blocks during its tool round.
+        async with httpx.AsyncClient() as client:
+            (await client.post(engine.url + "/reset_prefix_cache")).raise_for_status()
+
+    direct = Direct(engine, sleep)
+    await _timed_rounds(direct, engine, "evicted", CACHED_STREAK + PROBE_EVERY)
+    assert direct.sent("tool_calls_timed") == CACHED_STREAK + PROBE_EVERY
+    assert direct.sample(SKIPPED, reason="still_cached") == 0
+    await direct.close()
+
+
+@pytest.mark.anyio
+async def test_timed_warmups_evicted_before_their_step_mostly_stop(engine) -> None:
+    async def reset() -> None:
+        async with httpx.AsyncClient() as client:
+            (await client.post(engine.url + "/reset_prefix_cache")).raise_for_status()
+
+    async def sleep(seconds: float) -> None:
+        await reset()  # the tool round evicts the blocks: the timed warm-up recomputes them
+
+    direct = Direct(engine, sleep)
+    messages, reply, count = aligned_step(engine, "thrash")
+    step = {"model": MODEL, "messages": [*messages, reply, tool_result()], "tools": TOOLS}
+    direct.reply(messages, reply, arrived=1000.0, after_tools=False)
+    await _until(lambda: direct.sent("tool_calls") == 1)
+    usage = None
+    for n in range(1, CACHED_STREAK + PROBE_EVERY + 1):
+        direct.reply(messages, reply, arrived=1000.0 + 3.5 * n, after_tools=True, usage=usage)
+        await _until(
+            lambda n=n: (
+                direct.sent("tool_calls_timed")
+                + direct.sample(SKIPPED, reason="evicted_before_use")
+                == n
+            )
+        )
+        # ... and evicted again before the step comes, which the engine then recomputes.
+        await reset()
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(engine.url + "/v1/chat/completions", json=step)
+        usage = answer.json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] < count - 1
+    # The first CACHED_STREAK were all missed: then one in PROBE_EVERY goes.
+    assert direct.sent("tool_calls_timed") == CACHED_STREAK + 1
+    assert direct.sample(SKIPPED, reason="evicted_before_use") == PROBE_EVERY - 1
     await direct.close()

@@ -48,6 +48,11 @@ def test_decode_is_memory_bound_and_shared_by_the_batch() -> None:
     assert batch < 2 * one  # the weights are read once per step, not per sequence
     long = COST.step_seconds([Work(tokens=1, context=32_000)])
     assert long > one + 0.001  # KV reads grow with context
+    # Its arithmetic is a small part of it: the rest is room for prefill at no cost.
+    duration, compute = COST.step_cost([Work(tokens=1, context=1000)])
+    assert duration == one and compute < one / 20
+    prefill, compute = COST.step_cost([Work(tokens=4096, context=0)])
+    assert compute == pytest.approx(prefill - COST.step_overhead_s)  # bound by arithmetic
 
 
 def test_an_empty_step_costs_nothing_and_costs_must_not_be_negative() -> None:

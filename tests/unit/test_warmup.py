@@ -6,7 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.warmup.policy import Limits, engine_busy, skip_reason, warm_delay
+from proxy.warmup.policy import (
+    CACHED_STREAK,
+    OUTCOMES_KEPT,
+    PROBE_EVERY,
+    Limits,
+    engine_busy,
+    skip_reason,
+    timed_skip,
+    warm_delay,
+)
 from proxy.warmup.shape import (
     chat_body,
     completion_body,
@@ -120,6 +129,31 @@ REQUEST: dict = {
     "x_replay_reply": {"role": "assistant", "content": "x"},
 }
 MESSAGES = [USER, {"role": "assistant", "content": None, "tool_calls": []}]
+
+
+def test_timed_warmups_stop_while_they_keep_finding_their_prefix_cached() -> None:
+    cached = [False] * CACHED_STREAK
+    assert all(timed_skip(cached[:n], [], 0) is None for n in range(CACHED_STREAK))  # unknown
+    # After a streak of cached ones, one in PROBE_EVERY goes.
+    assert [timed_skip(cached, [], skipped) for skipped in range(PROBE_EVERY)] == [
+        "still_cached"
+    ] * (PROBE_EVERY - 1) + [None]
+    # One that had to recompute evicted blocks in the streak: pressure, every one goes.
+    for position in range(CACHED_STREAK):
+        recomputed = [k == position for k in range(CACHED_STREAK)]
+        assert timed_skip(recomputed, [], 0) is None
+    # Only the latest streak counts.
+    assert timed_skip([True, *cached], [], 0) == "still_cached"
+
+
+def test_timed_warmups_stop_while_half_of_them_are_evicted_before_their_step() -> None:
+    recomputing = [True] * CACHED_STREAK
+    half = [k % 2 == 0 for k in range(OUTCOMES_KEPT)]
+    assert timed_skip(recomputing, half, 0) == "evicted_before_use"
+    assert timed_skip(recomputing, half, PROBE_EVERY - 1) is None  # the probe
+    fewer = [k % 3 == 0 for k in range(OUTCOMES_KEPT)]  # a third missed: they mostly pay
+    assert timed_skip(recomputing, fewer, 0) is None
+    assert timed_skip(recomputing, [True] * (CACHED_STREAK - 1), 0) is None  # too few known
 
 
 def test_tokenize_body_renders_the_conversation_as_the_next_request_will_start() -> None:
