@@ -5,7 +5,6 @@ the bounds of proxy.warmup.policy, and observes the TTFT of the steps after tool
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import functools
 import logging
@@ -22,15 +21,13 @@ from proxy.metrics import Metrics
 from proxy.sessions import Session
 from proxy.tracker import Turn
 from proxy.upstream import RawHeaders, Upstream
+from proxy.warmup.ledger import TimedLedger
 from proxy.warmup.policy import (
-    CACHED_STREAK,
     GAPS_KEPT,
-    OUTCOMES_KEPT,
     RETRY_S,
     Limits,
     engine_busy,
     skip_reason,
-    timed_skip,
     warm_delay,
 )
 from proxy.warmup.shape import (
@@ -48,7 +45,6 @@ TIMEOUT_S = 120.0  # a warm-up still running after this is no help to anyone
 STATUS_MAX_AGE_S = 2.0  # engine readings older than this are refreshed before a warm-up
 RECOMPUTE_BLOCKS = 4  # warm-ups that computed this many blocks count as recomputing
 RECOMPUTE_WEIGHT = 0.2  # of the newest one in the moving average of their durations
-AWAITING_KEPT = 4096  # timed warm-ups whose step has not come yet (abandoned ones age out)
 
 
 class WarmupFailed(Exception):
@@ -129,13 +125,8 @@ class Warmer:
         # How long recent warm-ups took that recomputed evicted blocks (moving average):
         # the engine's speed, which the timed warm-up's lead must leave room for.
         self._recompute_s = 0.0
-        # Per engine: whether its recent timed warm-ups recomputed evicted blocks, whether
-        # their steps missed what they warmed, and how many were skipped since one went
-        # (policy.timed_skip). Timed warm-ups done, by session: (engine, tokens warmed).
-        self._recomputed: dict[str, collections.deque[bool]] = {}
-        self._missed: dict[str, collections.deque[bool]] = {}
-        self._timed_skipped: dict[str, int] = {}
-        self._awaiting: collections.OrderedDict[str, tuple[str, int]] = collections.OrderedDict()
+        # What each engine's recent timed warm-ups showed (whether they pay there).
+        self._ledger = TimedLedger()
 
     @property
     def block_size(self) -> int:
@@ -180,16 +171,8 @@ class Warmer:
         if turn.follows_tool_calls and turn.warmed_tokens and counts is not None:
             held = counts[1] >= turn.warmed_tokens
             self._metrics.warmed_steps.labels("cached" if held else "missed").inc()
-        timed = self._awaiting.pop(turn.session.key, None)
-        if timed is not None and counts is not None and turn.follows_tool_calls:
-            engine, tokens = timed
-            self._history(self._missed, engine, OUTCOMES_KEPT).append(counts[1] < tokens)
-
-    @staticmethod
-    def _history(
-        table: dict[str, collections.deque[bool]], engine: str, size: int
-    ) -> collections.deque[bool]:
-        return table.setdefault(engine, collections.deque(maxlen=size))
+        cached = counts[1] if counts is not None and turn.follows_tool_calls else None
+        self._ledger.step(turn.session.key, cached)
 
     def client_back(self, session_key: str) -> None:
         """The session's next request arrived (SessionTracker.on_open): its warm-up is late."""
@@ -256,15 +239,10 @@ class Warmer:
             return
         await self._sleep(job.delay)
         job.trigger = "tool_calls_timed"
-        skipped = self._timed_skipped.get(job.engine, 0)
-        recomputed = self._history(self._recomputed, job.engine, CACHED_STREAK)
-        missed = self._history(self._missed, job.engine, OUTCOMES_KEPT)
-        unwanted = timed_skip(list(recomputed), list(missed), skipped)
+        unwanted = self._ledger.skip(job.engine)
         if unwanted is not None:
-            self._timed_skipped[job.engine] = skipped + 1
             self._metrics.warmups_skipped.labels(unwanted).inc()
             return
-        self._timed_skipped[job.engine] = 0
         # Until the client is expected back, a busy moment is waited out, not a reason to
         # give the warm-up up: vLLM counts a request as waiting until its next scheduler
         # step, so under load one reading often catches one in passing.
@@ -335,12 +313,11 @@ class Warmer:
             previous = self._recompute_s or duration
             self._recompute_s = previous + (duration - previous) * RECOMPUTE_WEIGHT
         if job.trigger == "tool_calls_timed":
-            self._history(self._recomputed, job.engine, CACHED_STREAK).append(recomputed)
-            if job.warmed and job.marks and not job.client_back:  # its step is still to come
-                self._awaiting[job.session_key] = (job.engine, job.warmed)
-                self._awaiting.move_to_end(job.session_key)
-                while len(self._awaiting) > AWAITING_KEPT:
-                    self._awaiting.popitem(last=False)
+            awaited = job.marks and not job.client_back  # its step is still to come
+            tokens = job.warmed if awaited else 0
+            self._ledger.warmed(
+                job.engine, recomputed=recomputed, session=job.session_key, tokens=tokens
+            )
 
     async def _send(self, job: _Job) -> dict[str, Any] | None:
         """Send the warm-up; its usage (possibly empty), or None when it was skipped."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.replay import traces
+from proxy.replay.report import percentile
 from tests.benchmarks import warmup
 from tests.benchmarks.shapes import Shape, sessions
 
@@ -103,10 +104,30 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
     chosen = conversations(cell, args.steps)
     modes = {}
     for on in (False, True):
-        result = warmup.run_mode(options, on, chosen)
-        result.pop("records")
-        modes["on" if on else "off"] = result
-    return {"cell": dataclasses.asdict(cell), "off": modes["off"], "on": modes["on"]}
+        modes["on" if on else "off"] = warmup.run_mode(options, on, chosen)
+    return {"cell": dataclasses.asdict(cell), **modes, **lost_steps(modes["off"], modes["on"])}
+
+
+def lost_steps(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
+    """The steps after tool calls that lost their prefix without warm-up, and their TTFT
+    p50 off and on: what warm-up can win where blocks are lost (the p50 of all steps moves
+    only where most of them lose theirs)."""
+
+    def key(record: dict[str, Any]) -> tuple[str, int]:
+        return record["conversation"], record["step"]
+
+    def computed(record: dict[str, Any]) -> int:
+        return (record["prompt_tokens"] or 0) - (record["cached_tokens"] or 0)
+
+    lost = {key(r): r for r in off["records"] if computed(r) > warmup.COLD_TOKENS}
+    paired = [(lost[key(r)], r) for r in on["records"] if key(r) in lost]
+    off_ttft = [a["ttft_s"] for a, _ in paired if a["ttft_s"] is not None]
+    on_ttft = [b["ttft_s"] for _, b in paired if b["ttft_s"] is not None]
+    return {
+        "lost_share": len(lost) / max(off["after_tool"], 1),
+        "lost_p50_off": percentile(off_ttft, 0.5),
+        "lost_p50_on": percentile(on_ttft, 0.5),
+    }
 
 
 def _ratio(off: float | None, on: float | None) -> str:
@@ -147,6 +168,8 @@ def row(result: dict[str, Any]) -> str:
         f"{_ms(off['p95'])} -> {_ms(on['p95'])} ({_ratio(off['p95'], on['p95'])})",
         f"{100 * off['cached_share']:.1f} / {100 * on['cached_share']:.1f}%",
         f"{off['cold']} / {on['cold']} of {off['after_tool']}",
+        f"{_ms(result['lost_p50_off'])} -> {_ms(result['lost_p50_on'])} "
+        f"({_ratio(result['lost_p50_off'], result['lost_p50_on'])})",
         f"{off['engine_computed']:,.0f} -> {on['engine_computed']:,.0f} "
         f"({100 * extra / max(off['engine_computed'], 1):+.1f}%)",
         f"{on['warmups']:.0f} ({on['timed']:.0f} timed); skipped: {skips}",
@@ -167,6 +190,7 @@ HEADER = (
     "p95",
     "cached share off / on",
     "prefix lost off / on",
+    "TTFT p50 of the steps lost off, off -> on",
     "engine prefill, tokens off -> on",
     "warm-ups sent",
     "warmed steps cached / missed",
