@@ -47,6 +47,9 @@ def summarize(steps: Sequence[StepRecord], wall_s: float) -> dict[str, Any]:
     ok = _ok(steps)
     prompt, cached = _tokens(ok)
     later_prompt, later_cached = _tokens(s for s in ok if s.step >= 1)
+    # From step 2 on: after the step on which a system-prompt line is first seen to change,
+    # which re-prefills once whatever the proxy does (issue 15: learned volatility).
+    settled_prompt, settled_cached = _tokens(s for s in ok if s.step >= 2)
     ttfts = [s.ttft_s for s in ok if s.ttft_s is not None]
     e2es = [s.e2e_s for s in ok if s.e2e_s is not None]
     return {
@@ -57,6 +60,7 @@ def summarize(steps: Sequence[StepRecord], wall_s: float) -> dict[str, Any]:
         "computed_tokens": prompt - cached,
         "cached_share": _share(cached, prompt),
         "cached_share_after_first_step": _share(later_cached, later_prompt),
+        "cached_share_from_step_2": _share(settled_cached, settled_prompt),
         "ttft_p50_s": percentile(ttfts, 0.5),
         "ttft_p95_s": percentile(ttfts, 0.95),
         "e2e_p50_s": percentile(e2es, 0.5),

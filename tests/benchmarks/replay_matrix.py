@@ -60,14 +60,17 @@ def subset(traces: Path, count: int, folder: Path, *, median: bool = False) -> P
 
 
 def row(profile: str, direct: dict[str, Any], proxied: dict[str, Any]) -> str:
-    def share(summary: dict[str, Any]) -> str:
-        return f"{100 * (summary['cached_share_after_first_step'] or 0):.1f}%"
+    def share(summary: dict[str, Any], key: str = "cached_share_after_first_step") -> str:
+        return f"{100 * (summary.get(key) or 0):.1f}%"
+
+    settled = "cached_share_from_step_2"
 
     def ms(summary: dict[str, Any]) -> str:
         return f"{1000 * (summary['ttft_p50_s'] or 0):.1f}"
 
     return (
         f"| {profile} | {direct['requests']} | {share(direct)} | {share(proxied)} | "
+        f"{share(direct, settled)} | {share(proxied, settled)} | "
         f"{direct['computed_tokens']:,} | {proxied['computed_tokens']:,} | "
         f"{ms(direct)} | {ms(proxied)} | {direct['errors'] + proxied['errors']} |"
     )
@@ -80,9 +83,10 @@ def main() -> int:
         count = args.shortest or args.median
         args.traces = subset(args.traces, count, args.out, median=bool(args.median))
     print(
-        "| profile | requests | cached share, steps >= 1 (direct) | (proxy) | computed "
-        "tokens (direct) | (proxy) | TTFT p50 ms (direct) | (proxy) | errors |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| profile | requests | cached share, steps >= 1 (direct) | (proxy) | steps >= 2 "
+        "(direct) | (proxy) | computed tokens (direct) | (proxy) | TTFT p50 ms (direct) | "
+        "(proxy) | errors |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         flush=True,
     )
     for profile in args.profiles.split(","):

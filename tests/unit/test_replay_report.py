@@ -53,6 +53,7 @@ def test_summary() -> None:
     assert summary["cached_share"] == pytest.approx(3504 / 5500)
     # Steps with index >= 1 that succeeded: a1, a2, b2.
     assert summary["cached_share_after_first_step"] == pytest.approx(2992 / 3700)
+    assert summary["cached_share_from_step_2"] == pytest.approx(2000 / 2500)  # a2, b2
     assert summary["ttft_p50_s"] == pytest.approx(0.2)
     assert summary["ttft_p95_s"] == pytest.approx(0.38)
     assert summary["e2e_p50_s"] == pytest.approx(0.4)
