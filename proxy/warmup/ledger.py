@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 
-from proxy.warmup.policy import CACHED_STREAK, OUTCOMES_KEPT, timed_skip
+from proxy.warmup.policy import CACHED_STREAK, OUTCOMES_KEPT, thrashing, timed_skip
 
 AWAITING_KEPT = 4096  # timed warm-ups whose step has not come yet (abandoned ones age out)
 
@@ -31,6 +31,11 @@ class TimedLedger:
         reason = timed_skip(list(recomputed), list(missed), skipped)
         self._skipped[engine] = skipped + 1 if reason is not None else 0
         return reason
+
+    def thrashing(self, engine: str) -> bool:
+        """Whether ``engine``'s recent timed warm-ups were mostly evicted before use (not
+        counted towards a probe)."""
+        return thrashing(list(self._missed.get(engine, ())))
 
     def warmed(self, engine: str, *, recomputed: bool, session: str, tokens: int) -> None:
         """A timed warm-up finished; with ``tokens`` > 0 its step is still to come (the

@@ -31,7 +31,9 @@ the step comes. On a roomy cache every timed warm-up found its prefix still cach
 /tokenize and an engine step for nothing); on a thrashing one (working set well over the
 KV capacity, the engine saturated) half or more were evicted again before their step,
 and the warm-ups only added work: TTFT p50 0.72x and +11.5% engine prefill with 4
-parallel calls and 44 tools. Each engine's recent timed warm-ups say which it is.
+parallel calls and 44 tools. Each engine's recent timed warm-ups say which it is; on a
+thrashing one the warm-up right after the reply is skipped as well (``thrashing``): it
+still went there and was evicted the same way.
 """
 
 from __future__ import annotations
@@ -104,11 +106,18 @@ def timed_skip(recomputed: Sequence[bool], missed: Sequence[bool], skipped: int)
     in PROBE_EVERY goes all the same, so the reading stays fresh when things change."""
     if len(recomputed) >= CACHED_STREAK and not any(recomputed[-CACHED_STREAK:]):
         reason = "still_cached"
-    elif len(missed) >= CACHED_STREAK and sum(missed) >= WASTED_SHARE * len(missed):
+    elif thrashing(missed):
         reason = "evicted_before_use"
     else:
         return None
     return None if skipped + 1 >= PROBE_EVERY else reason
+
+
+def thrashing(missed: Sequence[bool]) -> bool:
+    """Whether the engine's recent timed warm-ups were mostly evicted again before their
+    step came (``missed``, oldest first): then the warm-up right after a reply is skipped
+    too (its blocks go the same way) and only timed probes go."""
+    return len(missed) >= CACHED_STREAK and sum(missed) >= WASTED_SHARE * len(missed)
 
 
 def warm_delay(gaps: Sequence[float], recompute_s: float = 0.0) -> float | None:

@@ -209,6 +209,8 @@ class Warmer:
             previous.cancel()  # waiting to warm a prefix this newer one extends
         # Judged now, on the request's task: how busy the proxy is while it replies.
         reason = self._skip_reason()
+        if reason is None and job.marks and self._ledger.thrashing(job.engine):
+            reason = "evicted_before_use"  # its blocks would go before the step as well
         if reason is not None:
             self._metrics.warmups_skipped.labels(reason).inc()
             if job.delay is None:

@@ -607,11 +607,13 @@ async def test_timed_warmups_evicted_before_their_step_mostly_stop(engine) -> No
     usage = None
     for n in range(1, CACHED_STREAK + PROBE_EVERY + 1):
         direct.reply(messages, reply, arrived=1000.0 + 3.5 * n, after_tools=True, usage=usage)
+        # Each reply's two warm-ups (right after it, then timed) went or were skipped.
         await _until(
             lambda n=n: (
-                direct.sent("tool_calls_timed")
+                direct.sent("tool_calls")
+                + direct.sent("tool_calls_timed")
                 + direct.sample(SKIPPED, reason="evicted_before_use")
-                == n
+                == 2 * n + 1
             )
         )
         # ... and evicted again before the step comes, which the engine then recomputes.
@@ -620,7 +622,9 @@ async def test_timed_warmups_evicted_before_their_step_mostly_stop(engine) -> No
             answer = await client.post(engine.url + "/v1/chat/completions", json=step)
         usage = answer.json()["usage"]
         assert usage["prompt_tokens_details"]["cached_tokens"] < count - 1
-    # The first CACHED_STREAK were all missed: then one in PROBE_EVERY goes.
+    # The first CACHED_STREAK were all missed: then one timed warm-up in PROBE_EVERY goes,
+    # and none right after a reply (its blocks would be evicted before the step as well).
     assert direct.sent("tool_calls_timed") == CACHED_STREAK + 1
-    assert direct.sample(SKIPPED, reason="evicted_before_use") == PROBE_EVERY - 1
+    assert direct.sent("tool_calls") == CACHED_STREAK + 1
+    assert direct.sample(SKIPPED, reason="evicted_before_use") == 2 * PROBE_EVERY - 1
     await direct.close()

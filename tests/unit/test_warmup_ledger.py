@@ -25,12 +25,13 @@ def test_a_step_judges_the_timed_warmup_it_was_for_only() -> None:
         book.warmed("a", recomputed=True, session=f"s{n}", tokens=100)
         book.step(f"s{n}", 40)  # evicted again before the step: it found 40 of 100
         book.step(f"s{n}", 0)  # a later step of the same session: nothing to judge
+    assert book.thrashing("a") and not book.thrashing("b")
     assert book.skip("a") == "evicted_before_use"
     kept = TimedLedger()
     for n in range(CACHED_STREAK):
         kept.warmed("a", recomputed=True, session=f"s{n}", tokens=100)
         kept.step(f"s{n}", 100)
-    assert kept.skip("a") is None
+    assert kept.skip("a") is None and not kept.thrashing("a")
 
 
 def test_unjudged_warmups_age_out(monkeypatch) -> None:
