@@ -369,7 +369,8 @@ class Metrics:
             "Warm-ups not sent, by reason (session_busy, global_cap, engine_busy, "
             "proxy_busy, too_short, disabled, client_back: the client returned first, "
             "still_cached: the engine's recent timed warm-ups found their prefix cached, "
-            "evicted_before_use: half of them were evicted again before their step).",
+            "evicted_before_use: half of them were evicted again before their step, "
+            "engine_saturated: the engine spent half the last 30 s on client prefills).",
             ("reason",),
             registry=registry,
         )
@@ -399,6 +400,14 @@ class Metrics:
             "engine still had it (outcome: cached; missed: evicted since, or the prompt "
             "diverged).",
             ("outcome",),
+            registry=registry,
+        )
+        self.engine_prefill_share = Gauge(
+            "prefill_proxy_engine_prefill_share",
+            "Share of the last 30 s in which this proxy had a streamed client request to "
+            "the engine waiting for its first token, as last read for a warm-up (warm-ups "
+            "stop from 0.5: no idle time to use).",
+            ("engine",),
             registry=registry,
         )
         # Round trips (proxy.batching) and fan-out (proxy.fanout)

@@ -22,11 +22,13 @@ from proxy.sessions import Session
 from proxy.tracker import Turn
 from proxy.upstream import RawHeaders, Upstream
 from proxy.warmup.ledger import TimedLedger
+from proxy.warmup.load import PrefillLoad
 from proxy.warmup.policy import (
     GAPS_KEPT,
     RETRY_S,
     Limits,
     engine_busy,
+    saturated,
     skip_reason,
     warm_delay,
 )
@@ -127,6 +129,8 @@ class Warmer:
         self._recompute_s = 0.0
         # What each engine's recent timed warm-ups showed (whether they pay there).
         self._ledger = TimedLedger()
+        # How busy each engine has been with client prefills (whether it has idle time).
+        self._load = PrefillLoad(clock)
 
     @property
     def block_size(self) -> int:
@@ -134,9 +138,11 @@ class Warmer:
         return self._block_size or next(known, None) or DEFAULT_BLOCK_SIZE
 
     def after_reply(self, turn: Turn, exchange: Exchange) -> None:
-        if turn.follows_tool_calls and exchange.first_token_at is not None:
-            ttft = exchange.first_token_at - exchange.started
-            self._metrics.step_ttft.labels("yes" if turn.warmed else "no").observe(ttft)
+        if exchange.first_token_at is not None:
+            self._load.add(turn.session.engine, exchange.started, exchange.first_token_at)
+            if turn.follows_tool_calls:
+                ttft = exchange.first_token_at - exchange.started
+                self._metrics.step_ttft.labels("yes" if turn.warmed else "no").observe(ttft)
         self._judge_warmup(turn, exchange)
         pace = turn.session.pace  # saved with the record after this call
         wall = self._wall()
@@ -208,7 +214,7 @@ class Warmer:
         if previous is not None:
             previous.cancel()  # waiting to warm a prefix this newer one extends
         # Judged now, on the request's task: how busy the proxy is while it replies.
-        reason = self._skip_reason()
+        reason = self._skip_reason() or self._saturated(job.engine)
         if reason is None and job.marks and self._ledger.thrashing(job.engine):
             reason = "evicted_before_use"  # its blocks would go before the step as well
         if reason is not None:
@@ -241,7 +247,7 @@ class Warmer:
             return
         await self._sleep(job.delay)
         job.trigger = "tool_calls_timed"
-        unwanted = self._ledger.skip(job.engine)
+        unwanted = self._saturated(job.engine) or self._ledger.skip(job.engine)
         if unwanted is not None:
             self._metrics.warmups_skipped.labels(unwanted).inc()
             return
@@ -265,6 +271,11 @@ class Warmer:
             waited += RETRY_S
         self._sending.add(job.session_key)
         await self._attempt(job, engine_checked=True)
+
+    def _saturated(self, engine: str) -> str | None:
+        share = self._load.share(engine)
+        self._metrics.engine_prefill_share.labels(engine or self._upstream.base_url).set(share)
+        return "engine_saturated" if saturated(share) else None
 
     def _monitor(self, engine: str) -> EngineMonitor:
         monitor = self._monitors.get(engine)

@@ -423,15 +423,19 @@ class Direct:
         arrived: float,
         after_tools: bool,
         usage: dict | None = None,
+        ttft: float | None = None,
     ) -> None:
         """A recorded reply to a request that arrived at ``arrived`` (the warmer's clock),
-        with the usage the engine gave that request."""
+        with the usage the engine gave that request (and its first token ``ttft`` later,
+        streamed)."""
         turn = Turn(self.session, messages, [], forwarded_messages=messages)
         turn.request = {"model": MODEL, "messages": messages, "tools": TOOLS}
         turn.follows_tool_calls = after_tools
         exchange = Exchange(
             "/v1/chat/completions", "POST", started=arrived, reply=reply, usage=usage
         )
+        if ttft is not None:
+            exchange.first_token_at = arrived + ttft
         self.now = arrived + 0.5  # the reply is recorded half a second after its request
         self.warmer.after_reply(turn, exchange)
 
@@ -628,3 +632,21 @@ async def test_timed_warmups_evicted_before_their_step_mostly_stop(engine) -> No
     assert direct.sent("tool_calls") == CACHED_STREAK + 1
     assert direct.sample(SKIPPED, reason="evicted_before_use") == 2 * PROBE_EVERY - 1
     await direct.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("ttft", "sent"), [(1.2, 0), (0.1, 1)])
+async def test_no_warmup_while_clients_keep_the_engine_prefilling(
+    engine, direct, ttft: float, sent: int
+) -> None:
+    """Client requests waited for their first token 1.2 s of every 1.5 s (a saturated
+    engine: nothing idle to warm in) or 0.1 s (idle most of the time)."""
+    messages, reply, _ = aligned_step(engine, f"saturated-{ttft}")
+    answer = {"role": "assistant", "content": "Done."}
+    for n in range(20):
+        direct.reply(messages, answer, arrived=1000.0 + 1.5 * n, after_tools=False, ttft=ttft)
+    direct.reply(messages, reply, arrived=1030.0, after_tools=False, ttft=ttft)
+    assert direct.sample(SKIPPED, reason="engine_saturated") == 1 - sent
+    await _until(lambda: direct.sent("tool_calls") == sent)
+    share = direct.sample("prefill_proxy_engine_prefill_share", engine=engine.url)
+    assert (share >= 0.5) == (sent == 0)
