@@ -13,6 +13,7 @@ series without parsing the rest.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -28,6 +29,10 @@ METRICS_PATH = "/metrics"
 _WAITING = re.compile(rb"^vllm:num_requests_waiting(?:\{[^}\n]*\})? +(\S+)", re.MULTILINE)
 _CACHE_INFO = re.compile(rb"^vllm:cache_config_info\{([^}\n]*)\}", re.MULTILINE)
 _BLOCK_SIZE = re.compile(rb'(?:^|,)\s*block_size="(\d+)"')
+
+QUEUE_WINDOW_S = 30.0  # the recent past ``queued_share`` reads over
+QUEUE_MIN_READINGS = 8  # fewer readings than this in it: no share yet
+READINGS_KEPT = 256  # a reading every 0.5 s: two minutes' worth
 
 # (status, body) of a GET on the engine: Upstream.call bound to a path.
 Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]
@@ -60,6 +65,29 @@ def parse_metrics(text: bytes, read_at: float = 0.0) -> EngineStatus:
     return EngineStatus(waiting, block_size, read_at)
 
 
+class QueueReadings:
+    """Recent readings of the engine's queue: how much of the recent past it had no room
+    for more work, whoever sent it (every proxy replica, other clients)."""
+
+    def __init__(self) -> None:
+        self._readings: collections.deque[tuple[float, int]] = collections.deque(
+            maxlen=READINGS_KEPT
+        )
+
+    def add(self, read_at: float, waiting: int) -> None:
+        self._readings.append((read_at, waiting))
+
+    def share(self, now: float, more_than: int) -> float | None:
+        """The share of the last QUEUE_WINDOW_S seconds' readings in which the engine queued
+        more than ``more_than`` requests; None with fewer than QUEUE_MIN_READINGS (just
+        started, or an engine that does not say)."""
+        since = now - QUEUE_WINDOW_S
+        recent = [waiting for read_at, waiting in self._readings if read_at >= since]
+        if len(recent) < QUEUE_MIN_READINGS:
+            return None
+        return sum(waiting > more_than for waiting in recent) / len(recent)
+
+
 class EngineMonitor:
     """Keeps a recent EngineStatus while it is wanted.
 
@@ -88,10 +116,15 @@ class EngineMonitor:
         self._changed = asyncio.Condition()
         # The block size never changes while the engine runs: kept once read.
         self._block_size: int | None = None
+        self._queue = QueueReadings()
 
     @property
     def block_size(self) -> int | None:
         return self._block_size
+
+    def queued_share(self, more_than: int) -> float | None:
+        """QueueReadings.share of this engine's readings, now."""
+        return self._queue.share(self._clock(), more_than)
 
     def want(self) -> None:
         """Keep the readings coming for a while (starts the poller in this event loop)."""
@@ -135,6 +168,8 @@ class EngineMonitor:
                 reading = EngineStatus(read_at=self._clock())
             if reading.block_size is not None:
                 self._block_size = reading.block_size
+            if reading.waiting is not None:
+                self._queue.add(reading.read_at, reading.waiting)
             async with self._changed:
                 self.status = reading
                 self._changed.notify_all()

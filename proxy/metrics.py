@@ -370,7 +370,7 @@ class Metrics:
             "proxy_busy, too_short, disabled, client_back: the client returned first, "
             "still_cached: the engine's recent timed warm-ups found their prefix cached, "
             "evicted_before_use: half of them were evicted again before their step, "
-            "engine_saturated: the engine spent half the last 30 s on client prefills).",
+            "engine_saturated: the engine queued requests half the last 30 s).",
             ("reason",),
             registry=registry,
         )
@@ -402,10 +402,10 @@ class Metrics:
             ("outcome",),
             registry=registry,
         )
-        self.engine_prefill_share = Gauge(
-            "prefill_proxy_engine_prefill_share",
-            "Share of the last 30 s in which this proxy had a streamed client request to "
-            "the engine waiting for its first token, as last read for a warm-up (warm-ups "
+        self.engine_queued_share = Gauge(
+            "prefill_proxy_engine_queued_share",
+            "Share of the engine's /metrics readings of the last 30 s in which it queued "
+            "more than warmup_max_waiting requests, as last read for a warm-up (warm-ups "
             "stop from 0.5: no idle time to use).",
             ("engine",),
             registry=registry,

@@ -61,8 +61,8 @@ CACHED_STREAK = 8
 PROBE_EVERY = 4
 OUTCOMES_KEPT = 16
 WASTED_SHARE = 0.5
-# No warm-up at all while the engine spent this much of the recent past bringing client
-# requests to their first token (proxy.warmup.load): no idle time to move prefill into.
+# No warm-up at all while the engine queued requests in this share of its recent readings
+# (proxy.engine.EngineMonitor.queued_share): no idle time to move prefill into.
 SATURATED_SHARE = 0.5
 TRIGGERS = ("tool_calls", "tool_calls_timed", "compaction")
 
@@ -116,9 +116,9 @@ def timed_skip(recomputed: Sequence[bool], missed: Sequence[bool], skipped: int)
     return None if skipped + 1 >= PROBE_EVERY else reason
 
 
-def saturated(prefill_share: float) -> bool:
-    """Whether the engine is too busy with client prefills for warm-ups to pay."""
-    return prefill_share >= SATURATED_SHARE
+def saturated(queued_share: float) -> bool:
+    """Whether the engine is too busy for warm-ups to pay."""
+    return queued_share >= SATURATED_SHARE
 
 
 def thrashing(missed: Sequence[bool]) -> bool:

@@ -22,7 +22,6 @@ from proxy.sessions import Session
 from proxy.tracker import Turn
 from proxy.upstream import RawHeaders, Upstream
 from proxy.warmup.ledger import TimedLedger
-from proxy.warmup.load import PrefillLoad
 from proxy.warmup.policy import (
     GAPS_KEPT,
     RETRY_S,
@@ -129,8 +128,6 @@ class Warmer:
         self._recompute_s = 0.0
         # What each engine's recent timed warm-ups showed (whether they pay there).
         self._ledger = TimedLedger()
-        # How busy each engine has been with client prefills (whether it has idle time).
-        self._load = PrefillLoad(clock)
 
     @property
     def block_size(self) -> int:
@@ -138,11 +135,9 @@ class Warmer:
         return self._block_size or next(known, None) or DEFAULT_BLOCK_SIZE
 
     def after_reply(self, turn: Turn, exchange: Exchange) -> None:
-        if exchange.first_token_at is not None:
-            self._load.add(turn.session.engine, exchange.started, exchange.first_token_at)
-            if turn.follows_tool_calls:
-                ttft = exchange.first_token_at - exchange.started
-                self._metrics.step_ttft.labels("yes" if turn.warmed else "no").observe(ttft)
+        if turn.follows_tool_calls and exchange.first_token_at is not None:
+            ttft = exchange.first_token_at - exchange.started
+            self._metrics.step_ttft.labels("yes" if turn.warmed else "no").observe(ttft)
         self._judge_warmup(turn, exchange)
         pace = turn.session.pace  # saved with the record after this call
         wall = self._wall()
@@ -273,8 +268,11 @@ class Warmer:
         await self._attempt(job, engine_checked=True)
 
     def _saturated(self, engine: str) -> str | None:
-        share = self._load.share(engine)
-        self._metrics.engine_prefill_share.labels(engine or self._upstream.base_url).set(share)
+        """Whether the engine queued requests most of the recent past (no idle time)."""
+        share = self._monitor(engine).queued_share(self._limits.max_waiting)
+        if share is None:
+            return None
+        self._metrics.engine_queued_share.labels(engine or self._upstream.base_url).set(share)
         return "engine_saturated" if saturated(share) else None
 
     def _monitor(self, engine: str) -> EngineMonitor:

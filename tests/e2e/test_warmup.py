@@ -21,6 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy import config
+from proxy.engine import QUEUE_MIN_READINGS, EngineMonitor
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.sessions import Session
@@ -398,7 +399,13 @@ class Paused:
 class Direct:
     """A Warmer in this event loop, on the engine, fed turns the way the tracker feeds it."""
 
-    def __init__(self, engine: Engine, sleep: Callable[[float], Any] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        sleep: Callable[[float], Any] | None = None,
+        *,
+        metrics_every: float = 0.5,  # how often the engine's /metrics is read
+    ) -> None:
         settings = config.load({"upstream": engine.url}, environ={})
         self.registry = CollectorRegistry()
         self.upstream = Upstream(settings)
@@ -409,6 +416,7 @@ class Direct:
             self.upstream,
             Metrics(self.registry),
             in_flight=lambda: 0,
+            monitor=EngineMonitor(self.upstream.call, interval=metrics_every),
             clock=lambda: self.now,
             wall=lambda: self.now,
             sleep=sleep or self.sleep,
@@ -423,19 +431,15 @@ class Direct:
         arrived: float,
         after_tools: bool,
         usage: dict | None = None,
-        ttft: float | None = None,
     ) -> None:
         """A recorded reply to a request that arrived at ``arrived`` (the warmer's clock),
-        with the usage the engine gave that request (and its first token ``ttft`` later,
-        streamed)."""
+        with the usage the engine gave that request."""
         turn = Turn(self.session, messages, [], forwarded_messages=messages)
         turn.request = {"model": MODEL, "messages": messages, "tools": TOOLS}
         turn.follows_tool_calls = after_tools
         exchange = Exchange(
             "/v1/chat/completions", "POST", started=arrived, reply=reply, usage=usage
         )
-        if ttft is not None:
-            exchange.first_token_at = arrived + ttft
         self.now = arrived + 0.5  # the reply is recorded half a second after its request
         self.warmer.after_reply(turn, exchange)
 
@@ -635,18 +639,23 @@ async def test_timed_warmups_evicted_before_their_step_mostly_stop(engine) -> No
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(("ttft", "sent"), [(1.2, 0), (0.1, 1)])
-async def test_no_warmup_while_clients_keep_the_engine_prefilling(
-    engine, direct, ttft: float, sent: int
-) -> None:
-    """Client requests waited for their first token 1.2 s of every 1.5 s (a saturated
-    engine: nothing idle to warm in) or 0.1 s (idle most of the time)."""
-    messages, reply, _ = aligned_step(engine, f"saturated-{ttft}")
-    answer = {"role": "assistant", "content": "Done."}
-    for n in range(20):
-        direct.reply(messages, answer, arrived=1000.0 + 1.5 * n, after_tools=False, ttft=ttft)
-    direct.reply(messages, reply, arrived=1030.0, after_tools=False, ttft=ttft)
+@pytest.mark.parametrize(("waiting", "sent"), [(3, 0), (0, 1)])
+async def test_no_warmup_while_the_engine_keeps_queueing(engine, waiting: int, sent: int) -> None:
+    """An engine whose recent /metrics readings all said it queued requests has no idle
+    time for a warm-up to use; one that queued none does."""
+    engine.gate.metrics = b'vllm:num_requests_waiting{engine="0"} %d.0\n' % waiting
+    direct = Direct(engine, metrics_every=0.01)
+    messages, reply, _ = aligned_step(engine, f"queued-{waiting}")
+    # The first warm-up finds the engine queueing (engine_busy) or not: too few readings
+    # yet to call it saturated.
+    direct.reply(messages, reply, arrived=990.0, after_tools=False)
+    await _until(
+        lambda: direct.sent("tool_calls") + direct.sample(SKIPPED, reason="engine_busy") == 1
+    )
+    await _until(lambda: engine.gate.paths.count("/metrics") > QUEUE_MIN_READINGS)
+    direct.reply(messages, reply, arrived=1000.0, after_tools=False)
     assert direct.sample(SKIPPED, reason="engine_saturated") == 1 - sent
-    await _until(lambda: direct.sent("tool_calls") == sent)
-    share = direct.sample("prefill_proxy_engine_prefill_share", engine=engine.url)
-    assert (share >= 0.5) == (sent == 0)
+    await _until(lambda: direct.sent("tool_calls") == 2 * sent)
+    share = direct.sample("prefill_proxy_engine_queued_share", engine=engine.url)
+    assert share == 1 - sent
+    await direct.close()

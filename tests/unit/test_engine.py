@@ -7,7 +7,14 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from proxy.engine import EngineMonitor, EngineStatus, parse_metrics
+from proxy.engine import (
+    QUEUE_MIN_READINGS,
+    QUEUE_WINDOW_S,
+    EngineMonitor,
+    EngineStatus,
+    QueueReadings,
+    parse_metrics,
+)
 from proxy.errors import UpstreamError
 from proxy.sim.metrics import SimMetrics
 from tests.support.clock import Clock
@@ -114,4 +121,29 @@ async def test_fresh_gives_the_last_reading_when_none_comes_in_time() -> None:
     first = await monitor.fresh(max_age=1.0)
     clock.now += 5.0  # older than asked, and the next scrape is an hour away
     assert await monitor.fresh(max_age=1.0, timeout=0.05) == first
+    await monitor.aclose()
+
+
+def test_the_queued_share_reads_the_recent_readings_only() -> None:
+    readings = QueueReadings()
+    for n in range(QUEUE_MIN_READINGS - 1):
+        readings.add(100.0 + n, 3)
+    assert readings.share(110.0, more_than=0) is None  # too few to tell
+    readings.add(108.0, 0)
+    assert readings.share(110.0, more_than=0) == pytest.approx(7 / 8)
+    assert readings.share(110.0, more_than=3) == 0.0  # 3 is not more than 3
+    for n in range(QUEUE_MIN_READINGS):  # later, a quiet engine: the busy past is gone
+        readings.add(110.0 + QUEUE_WINDOW_S + n, 0)
+    assert readings.share(110.0 + QUEUE_WINDOW_S + 10.0, more_than=0) == 0.0
+
+
+@pytest.mark.anyio
+async def test_the_monitor_keeps_what_its_readings_said_of_the_queue() -> None:
+    engine, clock = Engine(), Clock()
+    monitor = EngineMonitor(engine, interval=0.0, clock=clock)
+    assert monitor.queued_share(0) is None
+    monitor.want()
+    while engine.calls <= QUEUE_MIN_READINGS:
+        await asyncio.sleep(0)
+    assert monitor.queued_share(0) == 1.0 and monitor.queued_share(3) == 0.0  # 3 waiting
     await monitor.aclose()
