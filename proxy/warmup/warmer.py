@@ -268,7 +268,8 @@ class Warmer:
         await self._attempt(job, engine_checked=True)
 
     def _saturated(self, engine: str) -> str | None:
-        """Whether the engine queued requests most of the recent past (no idle time)."""
+        """'engine_saturated' while the engine queued requests in most of its recent
+        readings (no idle time to warm in), else None."""
         share = self._monitor(engine).queued_share(self._limits.max_waiting)
         if share is None:
             return None
