@@ -31,8 +31,8 @@ _CACHE_INFO = re.compile(rb"^vllm:cache_config_info\{([^}\n]*)\}", re.MULTILINE)
 _BLOCK_SIZE = re.compile(rb'(?:^|,)\s*block_size="(\d+)"')
 
 QUEUE_WINDOW_S = 30.0  # the recent past ``queued_share`` reads over
-QUEUE_MIN_READINGS = 8  # fewer readings than this in it: no share yet
-READINGS_KEPT = 256  # a reading every 0.5 s: two minutes' worth
+QUEUE_MIN_READINGS = 6  # fewer readings than this in it: no share yet
+READINGS_KEPT = 128  # a reading a second: two minutes' worth
 
 # (status, body) of a GET on the engine: Upstream.call bound to a path.
 Fetch = Callable[[str], Awaitable[tuple[int, bytes]]]
@@ -102,7 +102,7 @@ class EngineMonitor:
         self,
         fetch: Fetch,
         *,
-        interval: float = 0.5,
+        interval: float = 1.0,
         linger: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
