@@ -130,7 +130,9 @@ def test_the_queued_share_reads_the_recent_readings_only() -> None:
         readings.add(100.0 + n, 3)
     assert readings.share(110.0, more_than=0) is None  # too few to tell
     readings.add(108.0, 0)
-    assert readings.share(110.0, more_than=0) == pytest.approx(7 / 8)
+    assert readings.share(110.0, more_than=0) == pytest.approx(
+        (QUEUE_MIN_READINGS - 1) / QUEUE_MIN_READINGS
+    )
     assert readings.share(110.0, more_than=3) == 0.0  # 3 is not more than 3
     for n in range(QUEUE_MIN_READINGS):  # later, a quiet engine: the busy past is gone
         readings.add(110.0 + QUEUE_WINDOW_S + n, 0)
