@@ -38,8 +38,9 @@ still went there and was evicted the same way.
 No idle time (``saturated``): a warm-up moves prefill into the engine's idle time; while
 the engine queued requests in half its recent /metrics readings it has none, and on the
 matrix's saturated cells (compute busy 66-70%) the warm-ups then sent were mostly evicted
-before use: none goes there (4 sent in parallel-4-44tools instead of 40; engine prefill
-+0.0% instead of +10.4%). The engine's own queue counts every replica's and client's load.
+before use: none goes there (4-12 sent in parallel-4-44tools instead of 40; engine
+prefill +0.0-2.4% instead of +10.4%). The engine's own queue counts every replica's and
+client's load.
 """
 
 from __future__ import annotations
