@@ -23,6 +23,7 @@ import dataclasses
 import json
 import re
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -127,7 +128,7 @@ def run_mode(
         for step in traces.steps(conversation)
         if step.after_tool
     }
-    with engine_and_proxy(args, warmup) as (engine, proxy):
+    with engine_and_proxy(args, warmup) as (engine, proxy), QueueSampler(proxy) as queue:
         steps, wall = asyncio.run(replay(args, proxy, conversations))
         engine_text, proxy_text = scrape(engine), scrape(proxy)
     followers = [s for s in steps if (s.conversation, s.step) in after_tool]
@@ -139,7 +140,39 @@ def run_mode(
     result["engine_idle"] = max(1.0 - busy / wall, 0.0) if known else None
     compute = metric(engine_text, "sim:engine_compute_seconds_total")
     result["engine_compute"] = compute / wall if known else None
+    result["queued_share"] = queue.readings
     return result
+
+
+class QueueSampler:
+    """The proxy's reading of its engine's queue (``prefill_proxy_engine_queued_share``,
+    the share of the last 30 s of /metrics readings that queued more than
+    warmup_max_waiting) every SAMPLE_S while a mode runs: what the saturation rule saw.
+    Only a proxy with warm-up on reads it; an Event, not a sleep, paces the thread."""
+
+    SAMPLE_S = 2.0
+
+    def __init__(self, proxy: str) -> None:
+        self.proxy = proxy
+        self.readings: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> QueueSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        name = "prefill_proxy_engine_queued_share"
+        while not self._stop.wait(self.SAMPLE_S):
+            with contextlib.suppress(OSError):
+                text = scrape(self.proxy)
+                if name in text:
+                    self.readings.append(metric(text, name))
 
 
 def truncate(conversation: traces.Conversation, steps: int | None) -> traces.Conversation:

@@ -157,6 +157,13 @@ def row(result: dict[str, Any]) -> str:
         return "n/a" if mode.get(key) is None else f"{100 * mode[key]:.0f}%"
 
     idle = f"{share(off, 'engine_idle')} / {share(on, 'engine_idle')}"
+    queue = on.get("queued_share") or []
+    queued = (
+        f"{sum(queue) / len(queue):.2f} ({sum(q >= 0.5 for q in queue) / len(queue):.0%} / "
+        f"{sum(q >= 0.3 for q in queue) / len(queue):.0%})"
+        if queue
+        else "n/a"
+    )
     compute = f"{share(off, 'engine_compute')} / {share(on, 'engine_compute')}"
     cells = (
         cell["name"],
@@ -176,6 +183,7 @@ def row(result: dict[str, Any]) -> str:
         f"{on['warmed_cached']:.0f} / {on['warmed_missed']:.0f}",
         idle,
         compute,
+        queued,
     )
     return "| " + " | ".join(cells) + " |"
 
@@ -196,6 +204,7 @@ HEADER = (
     "warmed steps cached / missed",
     "engine idle off / on",
     "engine compute busy off / on",
+    "queued share on: mean (time at >= 0.5 / >= 0.3)",
 )
 
 
