@@ -101,6 +101,24 @@ def _frozen(value: Any) -> Any:
     return (type(value), value) if isinstance(value, bool | float) else value
 
 
+def _content_hash(message: Any) -> int:
+    """A hash of ``message`` (parsed JSON) equal for equal JSON, key order aside. A flat
+    message (role, content, tool_call_id: strings) hashes its items as they are (the
+    strings' own hashes: a long tool result is not encoded again); any other (tool calls,
+    content parts, numbers and booleans, which Python's hash confuses: ``True == 1``) by
+    its canonical encoding, which for such small values is cheaper than walking them."""
+    if type(message) is dict:
+        for value in message.values():
+            if type(value) is not str and value is not None:
+                break
+        else:
+            return hash(frozenset(message.items()))
+    try:
+        return hash(jsonio.dumps_canonical(message))
+    except jsonio.InvalidJSON:
+        return hash(_frozen(message))
+
+
 class Memo:
     """A conversation's message digests, carried from one of its requests to the next
     (proxy.tracker keeps one per session in this process): a message sent again is found
@@ -120,7 +138,7 @@ class Memo:
         if known is not None and known[0] is message:
             content = known[1]
         else:
-            content = hash(_frozen(message))
+            content = _content_hash(message)
             self._by_id[id(message)] = (message, content)
         entry = self._seen.get(content)
         if entry is None:
