@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from proxy import headers as hdrs
-from proxy import jsonio
+from proxy import jsonio, splice
 from proxy.call import Call, Services
 from proxy.chunks import reply_message
 from proxy.compaction import Compactor
@@ -250,8 +250,10 @@ class ChatCall(Call):
         return forwarded
 
     def encode(self, forwarded: dict[str, Any], body: bytes) -> bytes:
+        """The request as it goes upstream; the messages it passed on untouched as the
+        client's bytes of them (proxy.splice)."""
         try:
-            return jsonio.dumps(forwarded)
+            return splice.encode(forwarded, self.payload.get("messages"), body)
         except jsonio.InvalidJSON as exc:  # fail open: the client's own bytes go instead
             log.warning("cannot encode the rewritten request (%s); forwarding it as sent", exc)
             self.exchange.rewrite_failures += ("encode",)

@@ -1,0 +1,65 @@
+"""The whole session path with the spliced encode (proxy.splice) forwards what it forwards
+without it: the dev traces, replayed as clients that write JSON in different ways and
+change their history in different ways (proxy.replay.profiles), reach the upstream as the
+same requests (equal as JSON, types included) whether the untouched messages go as the
+client's bytes or are encoded again."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy import jsonio, splice
+from proxy.replay import traces
+from proxy.replay.profiles import Prompt, faithful, mixed, varied_clocks
+from tests.support.fake_upstream import USAGE
+
+pytestmark = pytest.mark.anyio
+
+CHAT = "/v1/chat/completions"
+STYLES = ({"indent": 1, "ensure_ascii": True}, {"separators": (",", ":"), "ensure_ascii": False})
+
+
+async def replay(make_proxy, monkeypatch, min_bytes: int, profile, style) -> list[bytes]:
+    monkeypatch.setattr(splice, "MIN_BYTES", min_bytes)
+    reply: dict[str, Any] = {}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "m",
+            "choices": [{"index": 0, "message": reply, "finish_reason": "stop"}],
+            "usage": USAGE,
+        }
+        return httpx.Response(200, json=body)
+
+    proxy = make_proxy(answer, warmup=False)
+    for conversation in traces.load(traces.locate("dev"), limit=4):
+        for index, step in enumerate(traces.steps(conversation)):
+            prompt = profile(Prompt(step.messages, conversation.tools), conversation.id, index)
+            reply.clear()
+            reply.update(step.reply)
+            request = {"model": "m", "messages": prompt.messages, "tools": prompt.tools}
+            response = await proxy.client.post(CHAT, content=json.dumps(request, **style))
+            assert response.status_code == 200
+    return [r.content for r in proxy.seen if r.method == "POST" and r.url.path == CHAT]
+
+
+@pytest.mark.parametrize("profile", [faithful, mixed, varied_clocks])
+@pytest.mark.parametrize("style", STYLES)
+async def test_sessions_forward_the_same_requests_spliced_or_not(
+    make_proxy, monkeypatch, profile, style
+) -> None:
+    spliced = await replay(make_proxy, monkeypatch, 0, profile, style)
+    whole = await replay(make_proxy, monkeypatch, 1 << 40, profile, style)
+    assert len(spliced) == len(whole) > 30
+    canonical = [jsonio.dumps_canonical(jsonio.loads(body)) for body in spliced]
+    assert canonical == [jsonio.dumps_canonical(jsonio.loads(body)) for body in whole]
+    # The shortcut was taken: rewritten requests carry messages as the client wrote them.
+    if style.get("indent"):
+        assert sum(b'\n   "role"' in body for body in spliced) > len(spliced) // 2
+        assert not any(b'\n   "role"' in body for body in whole)
