@@ -5,11 +5,10 @@ Also what a session remembers after each reply. No I/O."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from proxy import jsonio
+from proxy import tool_forms
 from proxy.sessions import Session
 from proxy.transcript import Mask, Memo, chain_keys, exact_chain, exact_chain_after, next_key
 
@@ -37,7 +36,7 @@ class Continuity:
 
 
 def tools_digest(tools: Any) -> bytes:
-    return hashlib.blake2b(jsonio.dumps_canonical(tools), digest_size=16).digest()
+    return tool_forms.forms(tools).digest
 
 
 def classify(

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from proxy import jsonio
+from proxy import jsonio, tool_forms
 from proxy.compaction.state import Compaction
 from proxy.transcript import Mask
 
@@ -158,8 +158,7 @@ def fingerprint(
             break
     tools = request.get("tools")
     if isinstance(tools, list):
-        named = [t for t in tools if isinstance(t, dict)]
-        head.append(sorted(jsonio.dumps_canonical(t).decode() for t in named))
+        head.append(list(tool_forms.forms(tools).named))
     return hashlib.blake2b(jsonio.dumps_canonical(head), digest_size=12).hexdigest()
 
 
