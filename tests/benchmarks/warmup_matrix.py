@@ -76,6 +76,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--proxy-setting", action="append", default=[], metavar="NAME=VALUE")
     add("--json", type=Path, default=Path(".artifacts/warmup-matrix.json"))
     add("--plot", type=Path, help="a PNG of the gain per cell (needs matplotlib)")
+    add(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each mode per cell, interleaved (off, on, off, on, ...); figures pooled "
+        "over the runs, with the ratio of each run and off against off (noise) beside them",
+    )
     return parser.parse_args(argv)
 
 
@@ -102,10 +109,67 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
         proxy_setting=args.proxy_setting,
     )
     chosen = conversations(cell, args.steps)
-    modes = {}
-    for on in (False, True):
-        modes["on" if on else "off"] = warmup.run_mode(options, on, chosen)
-    return {"cell": dataclasses.asdict(cell), **modes, **lost_steps(modes["off"], modes["on"])}
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for run in range(args.repeat):
+        for mode in ("off", "on"):
+            result = warmup.run_mode(options, mode == "on", chosen)
+            for record in result["records"]:
+                record["run"] = run  # steps are paired within a run (lost_steps)
+            runs[mode].append(result)
+    modes = {mode: pooled(results) for mode, results in runs.items()}
+    pairs = zip(runs["off"], runs["on"], strict=True)
+    noise = {"runs": [(off["p50"], on["p50"], off["p95"], on["p95"]) for off, on in pairs]}
+    return {
+        "cell": dataclasses.asdict(cell),
+        **modes,
+        **lost_steps(modes["off"], modes["on"]),
+        **noise,
+    }
+
+
+SUMMED = (
+    "steps",
+    "errors",
+    "after_tool",
+    "cold",
+    "engine_computed",
+    "warmups",
+    "warmup_errors",
+    "timed",
+    "warmup_tokens",
+    "warmed_cached",
+    "warmed_missed",
+    "wall",
+)
+
+
+def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's runs as one: percentiles over every run's steps, counts summed, shares
+    of the pooled steps, the engine's idle and compute shares averaged."""
+    if len(results) == 1:
+        return results[0]
+    records = [record for result in results for record in result["records"]]
+    ttfts = [r["ttft_s"] for r in records if r["ttft_s"] is not None]
+    prompt = sum(r["prompt_tokens"] or 0 for r in records)
+    cached = sum(r["cached_tokens"] or 0 for r in records)
+    merged: dict[str, Any] = {**results[0], "records": records}
+    merged.update({key: sum(result[key] for result in results) for key in SUMMED})
+    merged.update(
+        p50=percentile(ttfts, 0.5),
+        p90=percentile(ttfts, 0.9),
+        p95=percentile(ttfts, 0.95),
+        cached_share=cached / prompt if prompt else 0.0,
+        queued_share=[q for result in results for q in result.get("queued_share") or []],
+    )
+    skips: dict[str, float] = {}
+    for result in results:
+        for reason, count in result["skips"].items():
+            skips[reason] = skips.get(reason, 0.0) + count
+    merged["skips"] = skips
+    for key in ("engine_idle", "engine_compute"):
+        known = [result[key] for result in results if result[key] is not None]
+        merged[key] = sum(known) / len(known) if known else None
+    return merged
 
 
 def lost_steps(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
@@ -113,8 +177,8 @@ def lost_steps(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
     p50 off and on: what warm-up can win where blocks are lost (the p50 of all steps moves
     only where most of them lose theirs)."""
 
-    def key(record: dict[str, Any]) -> tuple[str, int]:
-        return record["conversation"], record["step"]
+    def key(record: dict[str, Any]) -> tuple[int, str, int]:
+        return record.get("run", 0), record["conversation"], record["step"]
 
     def computed(record: dict[str, Any]) -> int:
         return (record["prompt_tokens"] or 0) - (record["cached_tokens"] or 0)
@@ -184,8 +248,29 @@ def row(result: dict[str, Any]) -> str:
         idle,
         compute,
         queued,
+        per_run(result.get("runs") or []),
     )
     return "| " + " | ".join(cells) + " |"
+
+
+def per_run(runs: Sequence[Sequence[float | None]]) -> str:
+    """Each run's p50 and p95 ratio off/on, and the spread of off against off (the first
+    run's off against each later one's): the noise the pooled ratios sit in."""
+    if len(runs) < 2:
+        return "-"
+
+    def span(ratios: list[float]) -> str:
+        return f"{min(ratios):.2f}-{max(ratios):.2f}x"
+
+    def ratios(a: int, b: int, pairs: Sequence[tuple[Any, Any]]) -> list[float]:
+        return [x[a] / y[b] for x, y in pairs if x[a] and y[b]]
+
+    same = [(run, run) for run in runs]
+    offs = [(runs[0], run) for run in runs[1:]]
+    return (
+        f"p50 {span(ratios(0, 1, same))}, p95 {span(ratios(2, 3, same))}; "
+        f"off/off p50 {span(ratios(0, 0, offs))}, p95 {span(ratios(2, 2, offs))}"
+    )
 
 
 HEADER = (
@@ -205,6 +290,7 @@ HEADER = (
     "engine idle off / on",
     "engine compute busy off / on",
     "queued share on: mean (time at >= 0.5 / >= 0.3)",
+    "per run: off/on ratios; off/off (noise)",
 )
 
 
