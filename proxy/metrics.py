@@ -370,7 +370,8 @@ class Metrics:
             "proxy_busy, too_short, disabled, client_back: the client returned first, "
             "still_cached: the engine's recent timed warm-ups found their prefix cached, "
             "evicted_before_use: half of them were evicted again before their step, "
-            "engine_saturated: the engine queued requests half the last 30 s).",
+            "engine_saturated: the engine queued requests in 3/10 of the last 30 s, "
+            "short_round: the session's last tool rounds were under a second).",
             ("reason",),
             registry=registry,
         )

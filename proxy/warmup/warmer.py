@@ -28,6 +28,7 @@ from proxy.warmup.policy import (
     Limits,
     engine_busy,
     saturated,
+    short_rounds,
     skip_reason,
     warm_delay,
 )
@@ -78,6 +79,7 @@ class _Job:
     window: float = 0.0  # and until this many seconds after that (the client's return)
     tokens: list[int] | None = None  # the rendered prompt, once /tokenize said
     too_short: bool = False
+    short_rounds: bool = False  # the session's tool rounds are too short to warm in
     warmed: int = 0  # prompt tokens the last warm-up sent left cached
 
 
@@ -162,6 +164,7 @@ class Warmer:
             marks=True,
             delay=delay,
             window=min(pace.gaps) - delay if delay is not None else 0.0,
+            short_rounds=short_rounds(pace.gaps),
         )
         self._start(job)
 
@@ -200,7 +203,6 @@ class Warmer:
         if not self._enabled:
             self._metrics.warmups_skipped.labels("disabled").inc()
             return
-        self._monitor(job.engine).want()
         key = job.session_key
         if key in self._sending:
             self._metrics.warmups_skipped.labels("session_busy").inc()
@@ -208,6 +210,11 @@ class Warmer:
         previous = self._tasks.pop(key, None)
         if previous is not None:
             previous.cancel()  # waiting to warm a prefix this newer one extends
+            self._jobs.pop(key, None)
+        if job.short_rounds:  # before the engine is read: nothing to read it for
+            self._metrics.warmups_skipped.labels("short_round").inc()
+            return
+        self._monitor(job.engine).want()
         # Judged now, on the request's task: how busy the proxy is while it replies.
         reason = self._skip_reason() or self._saturated(job.engine)
         if reason is None and job.marks and self._ledger.thrashing(job.engine):

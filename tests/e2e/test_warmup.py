@@ -283,7 +283,7 @@ def test_one_warmup_per_session_and_a_global_cap(engine, proxy_on) -> None:
     assert proxy.sample(skipped, reason="global_cap") == 1
     gate.release.set()
     proxy.wait_for(lambda: proxy.sample(WARMUPS_OK[0], **WARMUPS_OK[1]) == 2)
-    chat(proxy, messages, reply, "s3")  # room again
+    chat(proxy, messages, reply, "s4")  # room again (a new session: its round is unknown)
     proxy.wait_for(lambda: proxy.sample(WARMUPS_OK[0], **WARMUPS_OK[1]) == 3)
 
 
@@ -477,6 +477,22 @@ async def test_a_second_warmup_goes_just_before_the_client_is_expected_back(engi
     # The timed one sends the tokens the first /tokenize gave: no second rendering.
     assert engine.gate.paths.count("/tokenize") == 2
     assert engine.gate.completions[-1] == engine.gate.completions[-2]
+
+
+@pytest.mark.anyio
+async def test_no_warmup_after_a_reply_whose_tool_round_was_short(engine, direct) -> None:
+    """Back within a second: the reply's blocks are still cached when the client returns,
+    and a warm-up would run into its request. A long round warms again."""
+    messages, reply, _ = aligned_step(engine, "short")
+    direct.reply(messages, reply, arrived=1000.0, after_tools=False)
+    await _until(lambda: direct.sent("tool_calls") == 1)  # no round seen yet: warmed
+    # The reply is recorded at arrived + 0.5: the client is back 0.6 s later.
+    direct.reply(messages, reply, arrived=1001.1, after_tools=True)
+    assert direct.sample(SKIPPED, reason="short_round") == 1
+    direct.reply(messages, reply, arrived=1004.6, after_tools=True)  # a 3 s round
+    await _until(lambda: direct.sent("tool_calls") == 2)
+    assert direct.sample(SKIPPED, reason="short_round") == 1
+    assert direct.sleep.delays == []  # a round under a second in view: nothing timed
 
 
 @pytest.mark.anyio

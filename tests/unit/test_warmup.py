@@ -12,6 +12,7 @@ from proxy.warmup.policy import (
     PROBE_EVERY,
     Limits,
     engine_busy,
+    short_rounds,
     skip_reason,
     timed_skip,
     warm_delay,
@@ -100,6 +101,20 @@ def test_a_cap_of_zero_skips_every_warmup() -> None:
 )
 def test_warm_delay(gaps: list[float], delay: float | None) -> None:
     assert warm_delay(gaps) == (pytest.approx(delay) if delay is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("gaps", "short"),
+    [
+        ([], False),  # no round seen yet
+        ([0.4], True),
+        ([5.0, 3.0, 0.4], True),  # the last one
+        ([0.4, 1.0], False),
+        ([0.5, 3.0], False),
+    ],
+)
+def test_short_rounds(gaps: list[float], short: bool) -> None:
+    assert short_rounds(gaps) is short
 
 
 @pytest.mark.parametrize(
