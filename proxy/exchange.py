@@ -84,6 +84,41 @@ def token_counts(usage: dict[str, Any] | None) -> tuple[int, int, int] | None:
     return _int(usage.get("prompt_tokens")), cached, _int(usage.get("completion_tokens"))
 
 
+@dataclasses.dataclass(frozen=True)
+class _RouteSeries:
+    """The series of one route and model label, looked up once: prometheus-client's
+    ``labels()`` costs a few microseconds a call, and a request records a dozen."""
+
+    duration: Any
+    ttft: Any
+    decode: Any
+    itl: Any
+    prompt: Any
+    cached: Any
+    computed: Any
+    completion: Any
+    expected: Any
+
+    @classmethod
+    def of(cls, m: Metrics, route: str, model: str) -> _RouteSeries:
+        return cls(
+            *(
+                metric.labels(route, model)
+                for metric in (
+                    m.request_duration,
+                    m.time_to_first_token,
+                    m.decode,
+                    m.inter_token_latency,
+                    m.prompt_tokens,
+                    m.cached_prompt_tokens,
+                    m.computed_prompt_tokens,
+                    m.completion_tokens,
+                    m.expected_cached_tokens,
+                )
+            )
+        )
+
+
 class Recorder:
     """Owns the exchanges in flight; records each finished one: metrics, then the access
     log line."""
@@ -92,6 +127,14 @@ class Recorder:
         self.metrics = metrics
         self.in_flight = 0
         metrics.in_flight.set_function(lambda: self.in_flight)
+        # Bounded: routes are the proxy's, model labels are capped (model_label_limit).
+        self._series: dict[tuple[str, str], _RouteSeries] = {}
+
+    def _route_series(self, route: str, model: str) -> _RouteSeries:
+        series = self._series.get((route, model))
+        if series is None:
+            series = self._series[(route, model)] = _RouteSeries.of(self.metrics, route, model)
+        return series
 
     def begin(self, route: str, method: str) -> Exchange:
         self.in_flight += 1
@@ -100,7 +143,7 @@ class Recorder:
     def gap_observer(self, exchange: Exchange) -> Callable[[float], None]:
         """Where ``exchange``'s inter-token gaps go once its route and model are known."""
         model = self.metrics.model_label(exchange.model or "unknown")
-        return self.metrics.inter_token_latency.labels(exchange.route, model).observe
+        return self._route_series(exchange.route, model).itl.observe
 
     def finish(self, exchange: Exchange) -> None:
         ended = time.perf_counter()
@@ -109,8 +152,9 @@ class Recorder:
         m = self.metrics
         model = m.model_label(exchange.model or "unknown")
         route = exchange.route
+        series = self._route_series(route, model)
         m.requests.labels(route, model, str(exchange.status)).inc()
-        m.request_duration.labels(route, model).observe(ended - exchange.started)
+        series.duration.observe(ended - exchange.started)
         if exchange.overhead_s is not None:
             m.overhead.labels(route).observe(exchange.overhead_s)
         if exchange.error_kind:
@@ -129,22 +173,21 @@ class Recorder:
         if exchange.first_token_at is not None:
             ttft = exchange.first_token_at - exchange.started
             decode = (exchange.last_token_at or exchange.first_token_at) - exchange.first_token_at
-            m.time_to_first_token.labels(route, model).observe(ttft)
-            m.decode.labels(route, model).observe(decode)
-            itl = m.inter_token_latency.labels(route, model)
+            series.ttft.observe(ttft)
+            series.decode.observe(decode)
             for gap in exchange.token_gaps:
-                itl.observe(gap)
+                series.itl.observe(gap)
         counts = token_counts(exchange.usage)
         if counts is not None:
             prompt, cached, completion = counts
-            m.prompt_tokens.labels(route, model).inc(prompt)
-            m.cached_prompt_tokens.labels(route, model).inc(cached)
-            m.computed_prompt_tokens.labels(route, model).inc(max(prompt - cached, 0))
-            m.completion_tokens.labels(route, model).inc(completion)
+            series.prompt.inc(prompt)
+            series.cached.inc(cached)
+            series.computed.inc(max(prompt - cached, 0))
+            series.completion.inc(completion)
             if exchange.expected_cached is not None:
                 # The engine always computes a prompt's last token (vLLM v1).
                 expected = min(exchange.expected_cached, max(prompt - 1, 0))
-                m.expected_cached_tokens.labels(route, model).inc(expected)
+                series.expected.inc(expected)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info(_log_line(exchange, ended, ttft, decode, counts))
 
