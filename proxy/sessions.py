@@ -157,9 +157,31 @@ def fingerprint(
                 head.append(["user", content])
             break
     tools = request.get("tools")
-    if isinstance(tools, list):
-        head.append(list(tool_forms.forms(tools).named))
-    return hashlib.blake2b(jsonio.dumps_canonical(head), digest_size=12).hexdigest()
+    forms = tool_forms.forms(tools) if isinstance(tools, list) else None
+    # Every step of a conversation has the same head: its key is kept by the head's texts
+    # and the tools' digest (encoding 20 KB of prompt and tools again was most of the cost).
+    texts = tuple(item for pair in head for item in pair)
+    memo = None
+    if all(type(item) is str for item in texts):
+        memo = (texts, forms.digest if forms is not None else None)
+        found = _fingerprints.get(memo)
+        if found is not None:
+            _fingerprints.move_to_end(memo)
+            return found
+    if forms is not None:
+        head.append(list(forms.named))
+    key = hashlib.blake2b(jsonio.dumps_canonical(head), digest_size=12).hexdigest()
+    if memo is not None:
+        _fingerprints[memo] = key
+        if len(_fingerprints) > FINGERPRINTS_KEPT:
+            _fingerprints.popitem(last=False)
+    return key
+
+
+FINGERPRINTS_KEPT = 1024  # distinct heads (prompt, first user message, tools) remembered
+_fingerprints: collections.OrderedDict[tuple[tuple[str, ...], bytes | None], str] = (
+    collections.OrderedDict()
+)
 
 
 class SessionStore(Protocol):
