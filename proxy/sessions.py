@@ -178,7 +178,9 @@ def fingerprint(
     return key
 
 
-FINGERPRINTS_KEPT = 1024  # distinct heads (prompt, first user message, tools) remembered
+# Distinct heads (prompt, first user message, tools) remembered: each holds its texts
+# (a 20k-character prompt: 256 heads hold about 5 MB).
+FINGERPRINTS_KEPT = 256
 _fingerprints: collections.OrderedDict[tuple[tuple[str, ...], bytes | None], str] = (
     collections.OrderedDict()
 )
