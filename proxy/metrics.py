@@ -371,7 +371,7 @@ class Metrics:
             "still_cached: the engine's recent timed warm-ups found their prefix cached, "
             "evicted_before_use: half of them were evicted again before their step, "
             "engine_saturated: the engine queued requests in 3/10 of the last 30 s, "
-            "short_round: the session's last tool rounds were under a second).",
+            "short_round: the session's last tool round was under a second).",
             ("reason",),
             registry=registry,
         )
