@@ -51,7 +51,8 @@ queued share sampled every 2 s): the saturated cells read 0.32 (shared-half-50k,
 never 0.3. At 0.5 shared-half-50k let half its warm-ups through and lost at TTFT p50
 (0.66-0.92x over four runs); at 0.3 it sends 19 (p50 0.98x and 1.08x, p95 0.99x and
 1.01x in two runs), parallel-4-44tools 8 a run (pooled over three runs p50 1.02x, p95
-1.01x, engine prefill -0.4%), while dev-25k-24-10s keeps its gain (2.33-2.66x). The engine's own queue counts every replica's and client's load.
+1.01x, engine prefill -0.4%), while dev-25k-24-10s keeps its gain (2.33-2.66x). The
+engine's own queue counts every replica's and client's load.
 """
 
 from __future__ import annotations
