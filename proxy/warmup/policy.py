@@ -22,7 +22,8 @@ client is back before LRU can evict what the reply cached, and the warm-up would
 the client's request arrives: with 0.5 s rounds (dev-40k-24-0.5s) 78 warm-ups, all right
 after a reply, rescued no step (13 of 83 lost their prefix either way) and TTFT p50 was
 0.93-0.97x off's in three runs; skipping them after a short round (and not reading the
-engine for them), pooled over three runs 0.99x p50, 0.95x p95.
+engine for them), pooled over three runs, twice: p50 0.99x and 0.94x, p95 0.95x and 1.02x,
+where off against off alone was 0.92-1.00x at p50.
 
 Bounds: one warm-up in flight per session, ``warmup_max_inflight`` in all; none while the
 engine queues more than ``warmup_max_waiting`` requests (its ``/metrics``, read in the
