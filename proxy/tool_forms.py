@@ -26,10 +26,17 @@ class ToolForms:
 
 
 _kept: collections.OrderedDict[bytes, ToolForms] = collections.OrderedDict()
+# The last list asked about, by identity: a request asks three times (its fingerprint,
+# its continuity, its record) about the same object, which requests never change in
+# place; holding it keeps the identity meaningful.
+_last: tuple[Any, ToolForms] | None = None
 
 
 def forms(tools: Any) -> ToolForms:
     """The canonical forms of ``tools`` (any value: None and malformed lists too)."""
+    global _last
+    if _last is not None and _last[0] is tools:
+        return _last[1]
     try:
         encoded = jsonio.dumps(tools)
     except jsonio.InvalidJSON:  # too deep to encode plainly: worked out, not kept
@@ -37,10 +44,11 @@ def forms(tools: Any) -> ToolForms:
     known = _kept.get(encoded)
     if known is not None:
         _kept.move_to_end(encoded)
-        return known
-    known = _kept[encoded] = _work_out(tools)
-    if len(_kept) > KEPT:
-        _kept.popitem(last=False)
+    else:
+        known = _kept[encoded] = _work_out(tools)
+        if len(_kept) > KEPT:
+            _kept.popitem(last=False)
+    _last = (tools, known)
     return known
 
 
