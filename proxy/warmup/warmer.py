@@ -275,8 +275,8 @@ class Warmer:
         await self._attempt(job, engine_checked=True)
 
     def _saturated(self, engine: str) -> str | None:
-        """'engine_saturated' while the engine queued requests in most of its recent
-        readings (no idle time to warm in), else None."""
+        """'engine_saturated' while the engine queued requests in SATURATED_SHARE of its
+        recent readings (no idle time to warm in), else None."""
         share = self._monitor(engine).queued_share(self._limits.max_waiting)
         if share is None:
             return None
