@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from proxy import tokens
 from proxy.batching import RoundTrips
+from proxy.bodies import BodyCache
 from proxy.call import Services
 from proxy.chat import CHAT_ROUTE, ChatCall, ChatServices
 from proxy.compaction import Compactor
@@ -154,6 +155,8 @@ def create_app(
     )
     keys = tuple(key.encode("latin-1") for key in settings.api_keys)
     services = Services(settings, upstream, recorder, keys=keys, engines=engines)
+    bodies = BodyCache(settings.body_cache_bytes)
+    metrics.body_cache_bytes.set_function(lambda: bodies.held)
     chat = ChatServices(
         settings,
         upstream,
@@ -164,6 +167,7 @@ def create_app(
         sessions=tracker,
         compactor=compactor,
         fanout=fanout,
+        bodies=bodies,
     )
     probes = Probes(services)
     paths = PathPolicy(settings.passthrough_paths)

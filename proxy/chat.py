@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from proxy import headers as hdrs
 from proxy import jsonio, splice
+from proxy.bodies import BodyCache, Parsed, Span
 from proxy.call import Call, Services
 from proxy.chunks import reply_message
 from proxy.compaction import Compactor
@@ -50,6 +52,7 @@ class ChatServices(Services):
     sessions: SessionTracker | None = None
     compactor: Compactor | None = None
     fanout: FanoutGate | None = None
+    bodies: BodyCache | None = None  # recent bodies, for parsing only what is new
     failures: FailOpenLog = dataclasses.field(default_factory=lambda: FailOpenLog(log))
 
 
@@ -58,13 +61,19 @@ def _unmasked(text: str) -> str:
 
 
 def parse_chat_request(body: bytes) -> dict[str, Any]:
+    payload: dict[str, Any] = _object(lambda: Parsed(jsonio.loads(body))).payload
+    return payload
+
+
+def _object(parse: Callable[[], Parsed]) -> Parsed:
+    """``parse()``, a JSON object, or the client's 400."""
     try:
-        payload = jsonio.loads(body)
+        parsed = parse()
     except jsonio.InvalidJSON as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(payload, dict):
+    if not isinstance(parsed.payload, dict):
         raise BadRequest("request body must be a JSON object")
-    return payload
+    return parsed
 
 
 # How vLLM's request models read ``stream`` (pydantic, lax mode): these mean true.
@@ -100,6 +109,7 @@ class ChatCall(Call):
         self.turn: Turn | None = None
         self.payload: dict[str, Any] = {}
         self.strip_usage = False  # the proxy asked for stream usage the client did not
+        self.spans: list[Span] | None = None  # where each client message is in the body
         # The client's switch for this request: X-Prefill-Proxy-Rewrite: off.
         switch = down.headers.get(REWRITE_HEADER, "").strip().lower()
         self.rewriting = bool(self.chat.pipeline) and self.settings.rewrite and switch != "off"
@@ -134,8 +144,29 @@ class ChatCall(Call):
     # -- the steps -----------------------------------------------------------------------
 
     def read_request(self, body: bytes) -> dict[str, Any]:
-        """The request as the conversation the pipeline reads (a chat request, here)."""
-        return parse_chat_request(body)
+        """The request as the conversation the pipeline reads (a chat request, here): the
+        continuation of a body kept from an earlier step where it is one (proxy.bodies)."""
+        bodies = self.chat.bodies
+        if bodies is None:
+            return parse_chat_request(body)
+        credential = b"\n".join(value for _, value in hdrs.credentials(self.down.raw_headers))
+        try:
+            parsed = _object(lambda: bodies.parse(body, credential))
+        except BadRequest:
+            raise
+        except Exception as exc:  # fail open: parsed whole, as without the cache
+            self.chat.failures.failed("body cache", exc)
+            self.exchange.rewrite_failures += ("body_cache",)
+            return parse_chat_request(body)
+        metrics = self.services.recorder.metrics
+        if parsed.reused:
+            metrics.body_parses.labels("continued").inc()
+            metrics.body_bytes_reused.inc(parsed.reused_bytes)
+        else:
+            metrics.body_parses.labels("whole").inc()
+        self.spans = parsed.spans
+        payload: dict[str, Any] = parsed.payload
+        return payload
 
     def read_reply(self, body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """(usage, the reply as a chat message) of a whole, successful reply."""
@@ -253,7 +284,7 @@ class ChatCall(Call):
         """The request as it goes upstream; the messages it passed on untouched as the
         client's bytes of them (proxy.splice)."""
         try:
-            return splice.encode(forwarded, self.payload.get("messages"), body)
+            return splice.encode(forwarded, self.payload.get("messages"), body, self.spans)
         except jsonio.InvalidJSON as exc:  # fail open: the client's own bytes go instead
             log.warning("cannot encode the rewritten request (%s); forwarding it as sent", exc)
             self.exchange.rewrite_failures += ("encode",)

@@ -96,6 +96,12 @@ class Settings:
         "Largest request body accepted; larger ones get 413. A body holds the event loop "
         "about 3 ms per MB while it is parsed and rewritten (tests/benchmarks/big_body.py).",
     )
+    body_cache_bytes: int = _setting(
+        64 * 1024 * 1024,
+        "Bytes of recent chat request bodies kept so that the next step of a conversation "
+        "is parsed only from where it is new (proxy/bodies.py; their parsed messages take "
+        "about as much again); 0: every body parsed whole.",
+    )
     max_sse_event_bytes: int = _setting(
         8 * 1024 * 1024,
         "Largest server-sent event accepted from the upstream; a stream with a longer one "
@@ -315,6 +321,8 @@ class Settings:
                 raise SettingsError(f"{name} must be positive")
         if self.total_timeout < 0:
             raise SettingsError("total_timeout must be >= 0 (0 = no limit)")
+        if self.body_cache_bytes < 0:
+            raise SettingsError("body_cache_bytes must be >= 0 (0 = none kept)")
         if self.max_connections < 1:
             raise SettingsError("max_connections must be at least 1")
         if self.session_max < 1 or self.session_ttl <= 0:

@@ -219,6 +219,25 @@ class Metrics:
             "Sessions held by the session store.",
             registry=registry,
         )
+        self.body_cache_bytes = Gauge(
+            "prefill_proxy_body_cache_bytes",
+            "Bytes of recent chat request bodies kept so that a conversation's next step is "
+            "parsed only from where it is new (bounded by body_cache_bytes).",
+            registry=registry,
+        )
+        self.body_parses = Counter(
+            "prefill_proxy_body_parses",
+            "Chat request bodies by how they were parsed: continued (from a kept earlier "
+            "body of the conversation: only the new part) or whole.",
+            ("outcome",),
+            registry=registry,
+        )
+        self.body_bytes_reused = Counter(
+            "prefill_proxy_body_bytes_reused",
+            "Bytes of chat request bodies not parsed again: the kept earlier body they "
+            "continue.",
+            registry=registry,
+        )
         self.session_errors = Counter(
             "prefill_proxy_session_errors",
             "Session store failures (the request went on without its session: fail open).",

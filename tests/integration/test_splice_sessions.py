@@ -2,7 +2,8 @@
 without it: the dev traces, replayed as clients that write JSON in different ways and
 change their history in different ways (proxy.replay.profiles), reach the upstream as the
 same requests (equal as JSON, types included) whether the untouched messages go as the
-client's bytes or are encoded again."""
+client's bytes or are encoded again; and as the same bytes whether each body was parsed
+whole or as the continuation of the conversation's previous one (proxy.bodies)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy import jsonio, splice
+from proxy import bodies, jsonio, splice
 from proxy.replay import traces
 from proxy.replay.profiles import Prompt, faithful, mixed, varied_clocks
 from tests.support.fake_upstream import USAGE
@@ -23,7 +24,9 @@ CHAT = "/v1/chat/completions"
 STYLES = ({"indent": 1, "ensure_ascii": True}, {"separators": (",", ":"), "ensure_ascii": False})
 
 
-async def replay(make_proxy, monkeypatch, min_bytes: int, profile, style) -> list[bytes]:
+async def replay(
+    make_proxy, monkeypatch, min_bytes: int, profile, style, **overrides: Any
+) -> tuple[list[bytes], Any]:
     monkeypatch.setattr(splice, "MIN_BYTES", min_bytes)
     reply: dict[str, Any] = {}
 
@@ -37,7 +40,7 @@ async def replay(make_proxy, monkeypatch, min_bytes: int, profile, style) -> lis
         }
         return httpx.Response(200, json=body)
 
-    proxy = make_proxy(answer, warmup=False)
+    proxy = make_proxy(answer, warmup=False, **overrides)
     for conversation in traces.load(traces.locate("dev"), limit=4):
         for index, step in enumerate(traces.steps(conversation)):
             prompt = profile(Prompt(step.messages, conversation.tools), conversation.id, index)
@@ -46,7 +49,8 @@ async def replay(make_proxy, monkeypatch, min_bytes: int, profile, style) -> lis
             request = {"model": "m", "messages": prompt.messages, "tools": prompt.tools}
             response = await proxy.client.post(CHAT, content=json.dumps(request, **style))
             assert response.status_code == 200
-    return [r.content for r in proxy.seen if r.method == "POST" and r.url.path == CHAT]
+    sent = [r.content for r in proxy.seen if r.method == "POST" and r.url.path == CHAT]
+    return sent, proxy
 
 
 @pytest.mark.parametrize("profile", [faithful, mixed, varied_clocks])
@@ -54,8 +58,8 @@ async def replay(make_proxy, monkeypatch, min_bytes: int, profile, style) -> lis
 async def test_sessions_forward_the_same_requests_spliced_or_not(
     make_proxy, monkeypatch, profile, style
 ) -> None:
-    spliced = await replay(make_proxy, monkeypatch, 0, profile, style)
-    whole = await replay(make_proxy, monkeypatch, 1 << 40, profile, style)
+    spliced, _ = await replay(make_proxy, monkeypatch, 0, profile, style, body_cache_bytes=0)
+    whole, _ = await replay(make_proxy, monkeypatch, 1 << 40, profile, style, body_cache_bytes=0)
     assert len(spliced) == len(whole) > 30
     canonical = [jsonio.dumps_canonical(jsonio.loads(body)) for body in spliced]
     assert canonical == [jsonio.dumps_canonical(jsonio.loads(body)) for body in whole]
@@ -63,3 +67,21 @@ async def test_sessions_forward_the_same_requests_spliced_or_not(
     if style.get("indent"):
         assert sum(b'\n   "role"' in body for body in spliced) > len(spliced) // 2
         assert not any(b'\n   "role"' in body for body in whole)
+
+
+@pytest.mark.parametrize("profile", [faithful, mixed, varied_clocks])
+@pytest.mark.parametrize("style", STYLES)
+async def test_sessions_forward_the_same_bytes_with_bodies_continued_or_parsed_whole(
+    make_proxy, monkeypatch, profile, style
+) -> None:
+    monkeypatch.setattr(bodies, "MIN_BODY", 0)  # every body kept, however small
+    continued, proxy = await replay(make_proxy, monkeypatch, 0, profile, style)
+    whole, _ = await replay(make_proxy, monkeypatch, 0, profile, style, body_cache_bytes=0)
+    assert len(continued) == len(whole) > 30
+    assert continued == whole
+    parses = proxy.sample("prefill_proxy_body_parses_total", outcome="continued")
+    # Clients that keep their history byte for byte: every step after a conversation's
+    # first continues the previous body.
+    print(getattr(profile, "__name__", "varied"), parses, len(continued))
+    if profile is faithful:
+        assert parses == len(continued) - 4

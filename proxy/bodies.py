@@ -1,0 +1,289 @@
+"""Chat request bodies parsed in proportion to what is new.
+
+An agent re-sends its whole history every step: a 1 MB body is the previous body plus a
+tool call and its result. Parsing all of it again (orjson, about 1 ms per MB here) and
+scanning it for the splice (msgspec, 0.8 ms per MB) was most of the proxy's work on a big
+request. So recent bodies are kept up to the end of their last message, with their parse
+and each message's byte span. A body that starts with exactly those bytes (one memcmp:
+0.02 ms per MB) continues that body. A JSON prefix parses to the same values whatever
+follows it, so its messages are the earlier parse's objects (nobody changes a parsed
+request in place: the rewrites replace messages, they never mutate them), and only the
+rest is parsed, in the same place of the grammar: inside the top-level object's
+``messages`` array, after an element. The result is what ``orjson.loads(body)`` gives:
+the same values, types and key order (tests/unit/test_bodies.py).
+
+Kept per credential (a body is only ever continued from one sent with the same
+``Authorization``), bounded in bytes, least recently used dropped. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import secrets
+from typing import Any
+
+import msgspec
+
+from proxy import jsonio
+
+Span = tuple[int, int]  # a message's bytes in its body: body[start:end]
+
+# Bodies shorter than this are parsed whole and not kept: a 32 KB parse costs 0.03 ms.
+MIN_BODY = 32 << 10
+# Bodies are grouped by their first bytes (a system prompt's start), digits read as 0 (a
+# clock there does not move a body to another group), and a new body is checked against
+# the most recent ones of its group; a check that fails stops at the first differing byte
+# (where two conversations part: their first user message).
+HEAD = 512
+GROUP_MAX = 128
+_DIGITS = bytes.maketrans(b"0123456789", b"0" * 10)
+# How far a changed message may have grown for the messages after it to be found again.
+WINDOW = 4096
+_SPACE = b" \t\n\r"
+
+_KEY = b'"messages"'
+_OPEN = re.compile(rb'"messages"[ \t\n\r]*:[ \t\n\r]*\[[ \t\n\r]*')
+_GAP = re.compile(rb"[ \t\n\r]*,[ \t\n\r]*")
+
+
+class _Messages(msgspec.Struct):
+    """Only the ``messages`` array, each element as its raw bytes; other fields skipped."""
+
+    messages: list[msgspec.Raw] = []
+
+
+_SCAN = msgspec.json.Decoder(_Messages)
+
+
+def scan(body: bytes) -> list[msgspec.Raw] | None:
+    """The raw bytes of each element of the body's ``messages`` array; None if the body is
+    not a JSON object with a messages array that msgspec reads (NaN literals, ...)."""
+    try:
+        return _SCAN.decode(body).messages
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _walk(body: bytes, start: int, raws: list[msgspec.Raw]) -> list[Span] | None:
+    """Each element's span, the first starting at ``start`` and each next one after a
+    comma: the elements' lengths are msgspec's, the gaps only whitespace and one comma."""
+    spans: list[Span] = []
+    position = start
+    for index, raw in enumerate(raws):
+        if index:
+            gap = _GAP.match(body, position)
+            if gap is None:
+                return None
+            position = gap.end()
+        end = position + len(raw)
+        spans.append((position, end))
+        position = end
+    return spans
+
+
+def message_spans(body: bytes) -> tuple[int, list[Span]] | None:
+    """Where the messages array of a chat body opens (the offset of its first element)
+    and where each message is: None where that cannot be told for sure (the key
+    ``"messages"`` written more than once anywhere in the body, which a nested object or a
+    string may do, or a body msgspec does not read)."""
+    if body.count(_KEY) != 1:
+        return None
+    opened = _OPEN.search(body)
+    raws = scan(body) if opened is not None else None
+    if opened is None or raws is None:
+        return None
+    spans = _walk(body, opened.end(), raws)
+    return None if spans is None else (opened.end(), spans)
+
+
+def _before(head: bytes) -> tuple[tuple[str, Any], ...]:
+    """The top-level items a body's bytes up to its first message hold (``head`` ends
+    with the array's opening), as parsing just those bytes gives them: a key written again
+    after the messages is not theirs."""
+    items = jsonio.loads(head + b"]}").items()
+    return tuple((key, value) for key, value in items if key != "messages")
+
+
+@dataclasses.dataclass(frozen=True)
+class Parsed:
+    payload: Any  # what orjson.loads(body) gives
+    spans: list[Span] | None = None  # each message's bytes in the body, when known
+    reused: int = 0  # messages that are an earlier body's parsed objects
+    reused_bytes: int = 0  # the bytes of those: not parsed again
+
+
+@dataclasses.dataclass(eq=False)
+class _Kept:
+    """A body up to the end of its last message, and what it parsed to."""
+
+    group: int
+    prefix: memoryview  # of the body, not a copy: a fresh megabyte costs its page faults
+    before: tuple[tuple[str, Any], ...]  # the top-level items before "messages"
+    messages: list[Any]
+    spans: list[Span]
+
+
+class BodyCache:
+    """Recent chat bodies, so a body that continues one is parsed from where it is new:
+    after the kept body's messages, and in the one message it changed (a clock in the
+    system prompt). ``max_bytes`` bounds the bodies kept (their parsed messages take about
+    as much again); 0 keeps none."""
+
+    def __init__(self, max_bytes: int, min_body: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.min_body = MIN_BODY if min_body is None else min_body
+        self.held = 0  # bytes of the bodies kept
+        self._lru: collections.OrderedDict[_Kept, None] = collections.OrderedDict()
+        self._groups: dict[int, list[_Kept]] = {}
+        # An array element no client sends: where a body's new part is parsed, it proves
+        # the part ended where it was cut.
+        self._nonce = b'"prefill-proxy ' + secrets.token_hex(16).encode() + b'"'
+        self._open = b'{"messages":['
+
+    def parse(self, body: bytes, credential: bytes = b"") -> Parsed:
+        """``body`` parsed (raises jsonio.InvalidJSON as jsonio.loads does)."""
+        if not self.max_bytes or len(body) < self.min_body:
+            return Parsed(jsonio.loads(body))
+        group = hash((credential, body[:HEAD].translate(_DIGITS)))
+        members = self._groups.get(group, [])
+        parsed = None
+        for kept in reversed(members):  # appended to: one memcmp each
+            if len(body) > len(kept.prefix) and body.startswith(kept.prefix):
+                parsed = self._extend(kept, body, kept.messages, kept.spans, len(kept.prefix))
+                break
+        else:
+            for kept in reversed(members):  # one message changed: a few finds each
+                parsed = self._changed(kept, body)
+                if parsed is not None:
+                    break
+        if parsed is not None:
+            self._drop(kept)  # its conversation goes on in this body
+            self._keep(group, body, parsed, kept.before)
+            return parsed
+        payload = jsonio.loads(body)
+        found = None
+        if isinstance(payload, dict) and isinstance(payload.get("messages"), list):
+            found = message_spans(body)
+        if found is None:
+            return Parsed(payload)
+        opened, spans = found
+        parsed = Parsed(payload, spans)
+        self._keep(group, body, parsed, _before(body[:opened]))
+        return parsed
+
+    def _extend(
+        self, kept: _Kept, body: bytes, messages: list[Any], spans: list[Span], cut: int
+    ) -> Parsed | None:
+        """``body`` as ``messages`` (the kept ones, where they are in ``body``: ``spans``,
+        the last ending at ``cut``) followed by what its bytes from ``cut`` on hold: more
+        messages, then the rest of the top-level object. None where they do not read so."""
+        wrapped = self._open + self._nonce + body[cut:]
+        try:
+            rest = jsonio.loads(wrapped)
+        except jsonio.InvalidJSON:
+            return None  # parsed whole, for the error to point into the client's body
+        new = rest.get("messages") if isinstance(rest, dict) else None
+        raws = scan(wrapped)
+        if not isinstance(new, list) or not new or not raws or len(raws) != len(new):
+            return None
+        if bytes(raws[0]) != self._nonce or new[0] != self._nonce[1:-1].decode():
+            return None  # a later "messages" key replaced the array
+        found = _walk(wrapped, len(self._open), raws)
+        if found is None:
+            return None
+        shift = cut - len(self._open) - len(self._nonce)
+        payload = dict(kept.before)
+        payload["messages"] = [*messages, *new[1:]]
+        for key, value in rest.items():  # later keys, and repeated ones: the last wins
+            if key != "messages":
+                payload[key] = value
+        moved = [(start + shift, end + shift) for start, end in found[1:]]
+        return Parsed(payload, [*spans, *moved], reused=len(messages), reused_bytes=cut)
+
+    def _changed(self, kept: _Kept, body: bytes) -> Parsed | None:
+        """``body`` as the kept one with one message changed and more appended, or None.
+        The kept messages after the changed one are found again within WINDOW bytes of
+        where they were and checked byte for byte; the changed one is parsed alone, and
+        parses to one whole element only where it was cut at its real end."""
+        prefix, spans = kept.prefix, kept.spans
+        index = _same(body, prefix, spans)  # the first message whose bytes differ
+        start = spans[index][0]
+        if not body.startswith(prefix[:start]):
+            return None  # the top of the body changed, or the space between messages
+        if index == len(spans) - 1:  # the last one: everything from it on is new
+            if not index:
+                return None
+            return self._extend(
+                kept, body, kept.messages[:index], spans[:index], spans[index - 1][1]
+            )
+        after, end = spans[index + 1][0], spans[-1][1]
+        needle = prefix[after : spans[index + 1][1]]
+        found = body.find(needle, start + 1, after + WINDOW + len(needle))
+        if found < 0 or not body.startswith(prefix[after:], found):
+            return None
+        segment = body[start:found]  # the changed message, a comma, maybe spaces
+        if _KEY in segment:
+            return None  # a key "messages" in it could end the array and start another
+        try:
+            pair = jsonio.loads(self._open + segment + self._nonce + b"]}")["messages"]
+        except jsonio.InvalidJSON:
+            return None
+        if len(pair) != 2 or pair[1] != self._nonce[1:-1].decode():
+            return None
+        changed_end = start + len(segment.rstrip(_SPACE)[:-1].rstrip(_SPACE))
+        shift = found - after
+        messages = [*kept.messages[:index], pair[0], *kept.messages[index + 1 :]]
+        moved = [*spans[:index], (start, changed_end)]
+        moved += [(first + shift, last + shift) for first, last in spans[index + 1 :]]
+        parsed = self._extend(kept, body, messages, moved, end + shift)
+        if parsed is None:
+            return None
+        parsed_bytes = changed_end - start
+        return dataclasses.replace(
+            parsed, reused=len(spans) - 1, reused_bytes=parsed.reused_bytes - parsed_bytes
+        )
+
+    def _keep(
+        self, group: int, body: bytes, parsed: Parsed, before: tuple[tuple[str, Any], ...]
+    ) -> None:
+        spans = parsed.spans
+        # A body whose messages end within its group's bytes would be looked for in another
+        # group (its continuation's first bytes differ there): too small to matter anyway.
+        if not spans or not HEAD <= spans[-1][1] <= self.max_bytes:
+            return
+        end = spans[-1][1]
+        kept = _Kept(group, memoryview(body)[:end], before, parsed.payload["messages"], spans)
+        self._lru[kept] = None
+        members = self._groups.setdefault(group, [])
+        members.append(kept)
+        self.held += end
+        if len(members) > GROUP_MAX:
+            self._drop(members[0])
+        while self.held > self.max_bytes:
+            self._drop(next(iter(self._lru)))
+
+    def _drop(self, kept: _Kept) -> None:
+        if kept not in self._lru:
+            return  # dropped already
+        del self._lru[kept]
+        self.held -= len(kept.prefix)
+        members = self._groups[kept.group]
+        members.remove(kept)
+        if not members:
+            del self._groups[kept.group]
+
+
+def _same(body: bytes, prefix: memoryview, spans: list[Span]) -> int:
+    """How many leading messages of the kept body (not all: the whole prefix differs)
+    ``body`` has byte for byte where they were: a binary search over the message ends,
+    each check a memcmp that stops at the first differing byte."""
+    low, high = 0, len(spans)  # the first low agree; the first high do not all
+    while high - low > 1:
+        middle = (low + high) // 2
+        if body.startswith(prefix[: spans[middle - 1][1]]):
+            low = middle
+        else:
+            high = middle
+    return low

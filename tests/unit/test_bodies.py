@@ -1,0 +1,222 @@
+"""A body parsed as the continuation of a kept one (proxy.bodies) is a shortcut, not another
+answer: it parses to exactly what ``orjson.loads`` gives the whole body (values, types,
+key order), whatever the client's JSON looks like and however its history moves, and the
+spans it reports are where each message's bytes are."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy import jsonio
+from proxy.bodies import GROUP_MAX, HEAD, WINDOW, BodyCache, message_spans
+from tests.support.conversations import conversations
+
+# How clients write JSON: compact, Python's default spacing, indented, ASCII escapes.
+STYLES = (
+    {"separators": (",", ":"), "ensure_ascii": False},
+    {},
+    {"indent": 2},
+    {"indent": "\t", "ensure_ascii": True},
+    {"separators": (" , ", " : ")},
+)
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+# A system prompt longer than the bytes bodies are grouped by: smaller histories are not kept.
+SYSTEM = {"role": "system", "content": "You are an agent. " * (HEAD // 16)}
+
+
+def exactly(value: Any) -> bytes:
+    """``value`` as bytes that tell apart key order and types (1, 1.0, true)."""
+    return orjson.dumps(value)
+
+
+def object_of(items: list[tuple[str, Any]], style: dict[str, Any]) -> bytes:
+    """A JSON object with these items in this order (a key may repeat, as a client may
+    write it), each value written in ``style``."""
+    separators = style.get("separators", (",", ": "))
+    parts = [json.dumps(key) + separators[1] + json.dumps(value, **style) for key, value in items]
+    return ("{" + separators[0].join(parts) + "}").encode()
+
+
+def body(messages: list[Any], style: dict[str, Any], layout: str = "first", step: int = 0) -> bytes:
+    if layout == "first":  # openai-python: messages, then the rest
+        items = [("messages", messages), ("model", "m"), ("tools", TOOLS)]
+    elif layout == "last":  # tools and settings before the history
+        items = [("model", "m"), ("tools", TOOLS), ("temperature", 0.5), ("messages", messages)]
+    elif layout == "moving":  # something after the history that changes every step
+        items = [("model", "m"), ("messages", messages), ("metadata", {"step": step, "n": 1.0})]
+    else:  # a key before the history written again after it, with another value
+        items = [("user", "first"), ("messages", messages), ("stream", True), ("user", f"s{step}")]
+    return object_of(items, style)
+
+
+def check(parsed: Any, raw: bytes) -> None:
+    assert exactly(parsed.payload) == exactly(orjson.loads(raw))
+    if parsed.spans is not None:
+        messages = parsed.payload["messages"]
+        assert len(parsed.spans) == len(messages)
+        for (start, end), message in zip(parsed.spans, messages, strict=True):
+            assert exactly(orjson.loads(raw[start:end])) == exactly(message)
+
+
+def system(clock: str, step: int) -> dict[str, Any]:
+    """The system prompt as a client writes it at ``step``: with a clock at its top (fixed
+    width, within the bytes bodies are grouped by) or at its end (growing), or none."""
+    if clock == "top":
+        return {**SYSTEM, "content": f"Now: {step * 7919:012d}. " + SYSTEM["content"]}
+    if clock == "end":
+        return {**SYSTEM, "content": SYSTEM["content"] + f"Step {7 ** step} at {step}:00."}
+    return SYSTEM
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    conversations(),
+    st.sampled_from(STYLES),
+    st.sampled_from(("first", "last", "moving", "repeated")),
+    st.lists(st.integers(min_value=0, max_value=40), max_size=3),
+    st.sampled_from(("none", "top", "end")),
+)
+def test_a_growing_session_parses_as_orjson_parses_it(
+    messages: list[dict[str, Any]],
+    style: dict[str, Any],
+    layout: str,
+    edits: list[int],
+    clock: str,
+) -> None:
+    cache = BodyCache(1 << 20, min_body=0)
+    continued = 0
+    for step in range(1, len(messages) + 1):
+        history = [system(clock, step), *messages[:step]]
+        for index in edits:  # a client that changes an old message now and then
+            if 0 < index < len(history) and step % 3 == 0:
+                history[index] = {**history[index], "content": f"edited at {step}"}
+        raw = body(history, style, layout, step)
+        parsed = cache.parse(raw)
+        check(parsed, raw)
+        continued += parsed.reused > 0
+    if len(messages) > 2 and not edits:
+        assert continued == len(messages) - 1  # every step after the first continued
+
+
+def test_a_changed_system_prompt_is_parsed_alone() -> None:
+    cache = BodyCache(1 << 20, min_body=0)
+    history = [{"role": "user", "content": "x" * 5000}, {"role": "assistant", "content": "ok"}]
+    first = cache.parse(body([system("end", 1), *history], {"indent": 1}))
+    raw = body([system("end", 2), *history, {"role": "user", "content": "go"}], {"indent": 1})
+    second = cache.parse(raw)
+    check(second, raw)
+    assert second.reused == 2  # the user and assistant messages: the same objects
+    assert second.payload["messages"][1] is first.payload["messages"][1]
+    assert second.reused_bytes > 5000
+
+
+def test_two_changed_messages_or_one_grown_past_the_window_are_parsed_whole() -> None:
+    history = [SYSTEM, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    longer = [*history, {"role": "user", "content": "c"}]
+    cases = (
+        [system("end", 2), {"role": "user", "content": "A"}, *longer[2:]],
+        [{**SYSTEM, "content": SYSTEM["content"] + "y" * (WINDOW + 10)}, *longer[1:]],
+    )
+    for changed in cases:
+        cache = BodyCache(1 << 20, min_body=0)
+        cache.parse(body(history, {}))
+        raw = body(changed, {})
+        parsed = cache.parse(raw)
+        check(parsed, raw)
+        assert parsed.reused == 0
+
+
+def test_the_continued_messages_are_the_earlier_parse_s_objects() -> None:
+    cache = BodyCache(1 << 20, min_body=0)
+    history = [SYSTEM, {"role": "user", "content": "hi"}]
+    first = cache.parse(body(history, {}))
+    second = cache.parse(body([*history, {"role": "assistant", "content": "hello"}], {}))
+    assert second.reused == 2 and second.reused_bytes > HEAD
+    kept = zip(first.payload["messages"], second.payload["messages"], strict=False)
+    assert all(a is b for a, b in kept)
+
+
+def test_a_new_part_that_is_not_json_is_the_whole_body_s_error() -> None:
+    cache = BodyCache(1 << 20, min_body=0)
+    history = [SYSTEM, {"role": "user", "content": "hi"}]
+    good = body(history, {})
+    cache.parse(good)
+    broken = good[:-1] + b', "model": }'
+    with pytest.raises(jsonio.InvalidJSON) as caught:
+        cache.parse(broken)
+    with pytest.raises(jsonio.InvalidJSON) as whole:
+        jsonio.loads(broken)
+    assert str(caught.value) == str(whole.value)
+
+
+def test_a_later_messages_key_wins_as_in_a_whole_parse() -> None:
+    cache = BodyCache(1 << 20, min_body=0)
+    history = [SYSTEM, {"role": "user", "content": "hi"}]
+    first = body(history, {})
+    cache.parse(first)
+    twice = first[:-1] + b', "messages": [{"role": "user", "content": "other"}]}'
+    parsed = cache.parse(twice)
+    assert parsed.reused == 0
+    check(parsed, twice)
+
+
+def test_a_nested_messages_key_leaves_the_body_unkept() -> None:
+    raw = object_of([("metadata", {"messages": [1]}), ("messages", [{"role": "user"}])], {})
+    assert message_spans(raw) is None
+    cache = BodyCache(1 << 20, min_body=0)
+    parsed = cache.parse(raw)
+    check(parsed, raw)
+    assert parsed.spans is None and cache.held == 0
+
+
+def test_bodies_are_continued_only_under_the_same_credential() -> None:
+    cache = BodyCache(1 << 20, min_body=0)
+    history = [SYSTEM, {"role": "user", "content": "hi"}]
+    cache.parse(body(history, {}), b"Bearer a")
+    longer = body([*history, {"role": "assistant", "content": "yes"}], {})
+    assert cache.parse(longer, b"Bearer b").reused == 0
+    assert cache.parse(longer + b" ", b"Bearer b").reused == 3
+
+
+def test_small_bodies_are_parsed_whole_and_not_kept() -> None:
+    cache = BodyCache(1 << 20, min_body=1 << 10)
+    raw = body([{"role": "user", "content": "hi"}], {})
+    parsed = cache.parse(raw)
+    assert parsed.spans is None and cache.held == 0
+    tiny = BodyCache(1 << 20, min_body=0)  # messages within the group's bytes: not kept
+    assert tiny.parse(raw).spans is not None and tiny.held == 0
+    assert BodyCache(0, min_body=0).parse(raw).spans is None  # 0: nothing kept
+
+
+def test_what_is_kept_stays_within_its_bytes() -> None:
+    cache = BodyCache(8 << 10, min_body=0)
+    sessions = [[{"role": "user", "content": f"task {n} " + "x" * 2000}] for n in range(12)]
+    for history in sessions:
+        cache.parse(body(history, {}))
+        assert 0 < cache.held <= 8 << 10
+    # The newest sessions are still continued, the oldest were dropped.
+    newest = sessions[-1]
+    assert cache.parse(body([*newest, {"role": "assistant", "content": "ok"}], {})).reused == 1
+    oldest = sessions[0]
+    assert cache.parse(body([*oldest, {"role": "assistant", "content": "ok"}], {})).reused == 0
+
+
+def test_a_group_keeps_its_most_recent_sessions() -> None:
+    cache = BodyCache(1 << 30, min_body=0)
+    # Sessions sharing their first kilobyte (one system prompt): one group.
+    # Each differs from the others in two messages: none continues another's body.
+    sessions = [
+        [SYSTEM, {"role": "user", "content": f"task {n}"}, {"role": "assistant", "content": f"{n}"}]
+        for n in range(GROUP_MAX + 8)
+    ]
+    for history in sessions:
+        cache.parse(body(history, {}))
+    step = {"role": "user", "content": "more"}
+    assert cache.parse(body([*sessions[-1], step], {})).reused == 3
+    assert cache.parse(body([*sessions[0], step], {})).reused == 0
