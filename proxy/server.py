@@ -9,7 +9,11 @@ the edge needs, enforced before the app sees a request.
   then the connection is closed (a request that never finishes holds no socket forever).
 - At most ``max_client_connections`` at once: one more gets a 503 and is closed.
 
-Refusals are OpenAI-style JSON, like every other error of the proxy.
+Refusals are OpenAI-style JSON, like every other error of the proxy, and end with a
+lingering close (RFC 9112, section 9.6): the server stops writing, then reads and drops
+what the client still sends until it closes too, for up to LINGER_S. Closing at once with
+unread data makes the kernel reset the connection, and a client still sending its head or
+body then loses the answer.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ def protocol(limits: Limits) -> type[HttpToolsProtocol]:
 # How often the deadlines of all connections are checked: a timeout fires up to this much
 # late, and a request costs a float assignment instead of a timer of its own.
 SWEEP_S = 0.25
+# How long a refused connection is read (and what arrives dropped) before it is closed.
+LINGER_S = 2.0
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -75,6 +81,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline: float | None = None  # by when the current phase must be done
         self._late = ""  # what it is, for the 408
         self._refused = False
+        self._lingering = False  # refused: read and dropped until the deadline, then closed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -140,6 +147,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._deadline is None or now < self._deadline:
             return
         self._deadline = None
+        if self._lingering:
+            self.transport.close()
+            return
         cycle = self.cycle
         if cycle is not None and cycle.response_started:
             self.transport.close()  # the app answers already: only the connection can go
@@ -157,7 +167,18 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         head += b"connection: close\r\n\r\n"
         if not self.transport.is_closing():
             self.transport.write(head + body)
+            self._linger()
+
+    def _linger(self) -> None:
+        """Stop writing, keep reading (data_received drops it) until the client closes
+        (uvicorn's eof_received lets the transport close then) or LINGER_S pass."""
+        if not self.transport.can_write_eof():
             self.transport.close()
+            return
+        self.transport.write_eof()
+        self.flow.resume_reading()  # a body paused for the app is read (and dropped) too
+        self._lingering = True
+        self._due(LINGER_S, "")
 
 
 async def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:

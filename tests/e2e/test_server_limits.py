@@ -61,6 +61,19 @@ def test_a_head_over_the_byte_limit_gets_431(proxy, fake_upstream) -> None:
     assert fake_upstream.received == []
 
 
+def test_a_client_still_sending_after_a_refusal_reads_the_answer(proxy) -> None:
+    # Closing at once with the client's data unread resets the connection, and the answer
+    # in flight is lost; the server lingers instead (RFC 9112, 9.6): it reads and drops
+    # what still comes until the client is done, then closes.
+    with connect(proxy) as sock:
+        sock.sendall(CHAT + b"x-big: " + b"a" * 100_000)
+        for _ in range(32):  # 2 MB more: a reset connection refuses them
+            sock.sendall(b"a" * 65536)
+        sock.shutdown(socket.SHUT_WR)
+        status, body = answer(sock)
+    assert status == 431 and "8192 bytes" in body["error"]["message"]
+
+
 def test_too_many_headers_get_431(proxy, fake_upstream) -> None:
     many = b"".join(b"x-h%d: v\r\n" % i for i in range(30))
     with connect(proxy) as sock:
