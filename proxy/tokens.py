@@ -87,6 +87,22 @@ class Estimate:
         return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
 
 
+class Bpe:
+    """Counts of GitHub's ``bpe`` crate, through the bpe-openai package installed for its
+    encoding files: the same counts as tiktoken (tests/unit/test_tokens.py checks them on
+    the dev traces and on random text), 1.4-2.5x faster here (JSON tool results 2.5x),
+    without building the token list. Its binding module is private; the package is pinned
+    (pyproject.toml), and without it counts come from tiktoken."""
+
+    exact = True
+
+    def __init__(self, tokenizer: object) -> None:
+        self._tokenizer = tokenizer
+
+    def count(self, text: str) -> int:
+        return int(self._tokenizer.count(text))  # type: ignore[attr-defined]
+
+
 class Tiktoken:
     exact = True
 
@@ -97,8 +113,16 @@ class Tiktoken:
         return len(self._encoding.encode(text, disallowed_special=()))  # type: ignore[attr-defined]
 
 
-def counter(encoding: str = DEFAULT_ENCODING) -> Tiktoken | Estimate:
-    """A tiktoken counter, or the documented estimate if the encoding cannot be loaded."""
+def counter(encoding: str = DEFAULT_ENCODING) -> Bpe | Tiktoken | Estimate:
+    """tiktoken's counts: the bpe crate's where it has the encoding, else tiktoken's own;
+    or the documented estimate if the encoding cannot be loaded."""
+    try:
+        from bpe_openai import _bindings
+
+        if encoding in _bindings.supported_encodings():
+            return Bpe(_bindings.tokenizer_for_encoding(encoding))
+    except Exception as exc:  # a build of the package without its bindings
+        log.info("bpe counts unavailable (%s); counting with tiktoken", exc)
     try:
         import tiktoken
 

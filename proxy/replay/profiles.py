@@ -266,7 +266,7 @@ TRIM_TOKENS = 4096
 
 
 @functools.cache
-def _counter() -> tokens.Tiktoken | tokens.Estimate:
+def _counter() -> tokens.Counter:
     tokens.provision()  # offline: tiktoken's files come from the bpe-openai package
     return tokens.counter()
 

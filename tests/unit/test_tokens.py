@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 from pathlib import Path
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from proxy import tokens
+from proxy.replay import traces
 
 
 def test_provision_writes_files_tiktoken_accepts(tmp_path: Path) -> None:
@@ -11,9 +18,10 @@ def test_provision_writes_files_tiktoken_accepts(tmp_path: Path) -> None:
     for name, sha256 in tokens.ENCODINGS.items():
         data = (folder / tokens._cache_name(name)).read_bytes()
         assert hashlib.sha256(data).hexdigest() == sha256
-    counter = tokens.counter("o200k_base")
-    assert isinstance(counter, tokens.Tiktoken)
-    assert counter.count("The quick brown fox jumps over the lazy dog.") == 10
+    import tiktoken
+
+    encoding = tiktoken.get_encoding("o200k_base")  # reads the provisioned file, offline
+    assert len(encoding.encode("The quick brown fox jumps over the lazy dog.")) == 10
 
 
 def test_provision_is_idempotent(tmp_path: Path) -> None:
@@ -56,3 +64,53 @@ def json_copy(value):  # a client's next request: equal content, new objects
     import json
 
     return json.loads(json.dumps(value))
+
+
+@functools.cache
+def tiktoken_count(name: str):
+    import tiktoken
+
+    tokens.provision()
+    encoding = tiktoken.get_encoding(name)
+    return lambda text: len(encoding.encode(text, disallowed_special=()))
+
+
+def dev_texts() -> list[str]:
+    """What the proxy counts on the dev traces: contents, tool calls, tool lists."""
+    texts = []
+    for conversation in traces.load(traces.locate("dev")):
+        texts.append(json.dumps(conversation.tools))
+        for message in conversation.messages:
+            if isinstance(message.get("content"), str):
+                texts.append(message["content"])
+            if message.get("tool_calls"):
+                texts.append(json.dumps(message["tool_calls"]))
+    return texts
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_the_fast_counter_counts_as_tiktoken_does_on_the_dev_traces(name: str) -> None:
+    counter = tokens.counter(name)
+    assert isinstance(counter, tokens.Bpe)
+    expected = tiktoken_count(name)
+    texts = dev_texts()
+    assert len(texts) > 1000
+    assert [counter.count(text) for text in texts] == [expected(text) for text in texts]
+
+
+# Text as a JSON body can carry it (no lone surrogates), weighted towards what tokenizers
+# find hard: digits, punctuation and spaces runs, non-Latin scripts, emoji, special tokens.
+TEXT = st.lists(
+    st.one_of(
+        st.text(st.characters(exclude_categories=["Cs"]), max_size=40),
+        st.sampled_from(["<|endoftext|>", "<|fim_prefix|>", "  \n\n\t", "1234567", "'s", "🌤️"]),
+        st.text("{}[]\":, 0123456789abcXYZ\n", max_size=60),
+    ),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(TEXT, st.sampled_from(["o200k_base", "cl100k_base"]))
+def test_the_fast_counter_counts_as_tiktoken_does_on_any_text(text: str, name: str) -> None:
+    assert tokens.counter(name).count(text) == tiktoken_count(name)(text)
