@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from proxy import jsonio
+from proxy.transcript import Hashes
 
 Span = tuple[int, int]  # a message's bytes in its body: body[start:end]
 
@@ -112,6 +113,9 @@ class Parsed:
     spans: list[Span] | None = None  # each message's bytes in the body, when known
     reused: int = 0  # messages that are an earlier body's parsed objects
     reused_bytes: int = 0  # the bytes of those: not parsed again
+    # The messages' content hashes (proxy.transcript.Memo fills it in): for the earlier
+    # body's objects, those it worked out then. Kept with this body for the next step.
+    hashes: Hashes | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -123,6 +127,7 @@ class _Kept:
     before: tuple[tuple[str, Any], ...]  # the top-level items before "messages"
     messages: list[Any]
     spans: list[Span]
+    hashes: Hashes
 
 
 class BodyCache:
@@ -160,6 +165,9 @@ class BodyCache:
                     break
         if parsed is not None:
             self._drop(kept)  # its conversation goes on in this body
+            known = kept.hashes
+            hashes = {i: known[i] for m in parsed.payload["messages"] if (i := id(m)) in known}
+            parsed = dataclasses.replace(parsed, hashes=hashes)
             self._keep(group, body, parsed, kept.before)
             return parsed
         payload = jsonio.loads(body)
@@ -169,7 +177,7 @@ class BodyCache:
         if found is None:
             return Parsed(payload)
         opened, spans = found
-        parsed = Parsed(payload, spans)
+        parsed = Parsed(payload, spans, hashes={})
         self._keep(group, body, parsed, _before(body[:opened]))
         return parsed
 
@@ -254,7 +262,10 @@ class BodyCache:
         if not spans or not HEAD <= spans[-1][1] <= self.max_bytes:
             return
         end = spans[-1][1]
-        kept = _Kept(group, memoryview(body)[:end], before, parsed.payload["messages"], spans)
+        messages, hashes = parsed.payload["messages"], parsed.hashes
+        if hashes is None:  # both callers pass the table this request's memo fills in
+            return
+        kept = _Kept(group, memoryview(body)[:end], before, messages, spans, hashes)
         self._lru[kept] = None
         members = self._groups.setdefault(group, [])
         members.append(kept)

@@ -30,6 +30,7 @@ from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.stream_usage import request_usage
 from proxy.sessions import fingerprint
 from proxy.tracker import SessionTracker, Turn
+from proxy.transcript import Hashes
 from proxy.upstream import UpstreamResponse
 
 CHAT_ROUTE = "/v1/chat/completions"
@@ -110,6 +111,7 @@ class ChatCall(Call):
         self.payload: dict[str, Any] = {}
         self.strip_usage = False  # the proxy asked for stream usage the client did not
         self.spans: list[Span] | None = None  # where each client message is in the body
+        self.hashes: Hashes | None = None  # their content hashes, known and to be worked out
         # The client's switch for this request: X-Prefill-Proxy-Rewrite: off.
         switch = down.headers.get(REWRITE_HEADER, "").strip().lower()
         self.rewriting = bool(self.chat.pipeline) and self.settings.rewrite and switch != "off"
@@ -164,7 +166,7 @@ class ChatCall(Call):
             metrics.body_bytes_reused.inc(parsed.reused_bytes)
         else:
             metrics.body_parses.labels("whole").inc()
-        self.spans = parsed.spans
+        self.spans, self.hashes = parsed.spans, parsed.hashes
         payload: dict[str, Any] = parsed.payload
         return payload
 
@@ -176,7 +178,7 @@ class ChatCall(Call):
         sessions = self.chat.sessions
         if sessions is None:
             return None
-        turn = await sessions.open(self.down.headers, payload)
+        turn = await sessions.open(self.down.headers, payload, hashes=self.hashes)
         self.credit(turn)
         return turn
 

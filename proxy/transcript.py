@@ -18,6 +18,8 @@ from typing import Any
 from proxy import jsonio
 
 Mask = Callable[[str], str]
+# Parsed messages' content hashes by object: id -> (the object, kept alive, its hash).
+Hashes = dict[int, tuple[Any, int]]
 
 _ROOT = b"prefill-proxy/transcript/v2"  # v2: chains of per-message digests
 
@@ -128,10 +130,16 @@ class Memo:
     same as without it (tests/unit/test_transcript_memo.py). System and developer messages
     are never memoized for keys: their key form depends on the session's mask."""
 
-    def __init__(self, previous: Mapping[int, list[bytes | None]] | None = None) -> None:
+    def __init__(
+        self,
+        previous: Mapping[int, list[bytes | None]] | None = None,
+        hashes: Hashes | None = None,
+    ) -> None:
         self._previous = previous or {}
         self._seen: dict[int, list[bytes | None]] = {}  # what this request's messages use
-        self._by_id: dict[int, tuple[Any, int]] = {}  # object id -> (object, content hash)
+        # Object id -> (object, content hash). Passed in (proxy.bodies), it already knows
+        # the messages this request shares with the previous one as the same objects.
+        self._by_id: Hashes = {} if hashes is None else hashes
 
     def _entry(self, message: Any) -> list[bytes | None]:
         known = self._by_id.get(id(message))

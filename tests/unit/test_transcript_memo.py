@@ -35,6 +35,24 @@ def test_memo_gives_the_same_chains(messages: list[Any], cut: int) -> None:
     assert exact_chain(again, memo) == exact_chain(messages)
 
 
+@settings(max_examples=150, deadline=None)
+@given(conversations(), st.integers(min_value=0, max_value=12))
+def test_memo_with_the_previous_step_s_objects_gives_the_same_chains(
+    messages: list[Any], cut: int
+) -> None:
+    # proxy.bodies hands the next step the earlier parse's objects and their hashes.
+    hashes: dict[int, Any] = {}
+    head = messages[:cut]
+    earlier = Memo(None, hashes)
+    assert chain_keys(head, MASK, earlier) == chain_keys(head, MASK)
+    assert {id(m) for m in head if m.get("role") not in ("system", "developer")} <= hashes.keys()
+    again = [*head, *copy.deepcopy(messages[cut:])]  # the same objects, then new ones
+    kept = {id(m): hashes[id(m)] for m in again if id(m) in hashes}
+    memo = Memo(earlier.kept(), kept)
+    assert chain_keys(again, MASK, memo) == chain_keys(messages, MASK)
+    assert exact_chain(again, memo) == exact_chain(messages)
+
+
 def test_values_equal_in_python_but_not_in_json_are_told_apart() -> None:
     forms = [{"role": "tool", "content": value} for value in (1, True, 1.0, "1", None, 0, False)]
     memo = Memo()
