@@ -42,6 +42,10 @@ GROUP_MAX = 128
 _DIGITS = bytes.maketrans(b"0123456789", b"0" * 10)
 # How far a changed message may have grown for the messages after it to be found again.
 WINDOW = 4096
+# Kept bodies of its group a body is tried against as one with a changed message (a few
+# finds each, where the append check is one memcmp): the most recent, so a new
+# conversation's first request does not try every conversation sharing its system prompt.
+CHANGED_TRIES = 16
 _SPACE = b" \t\n\r"
 
 _KEY = b'"messages"'
@@ -159,7 +163,7 @@ class BodyCache:
                 parsed = self._extend(kept, body, kept.messages, kept.spans, len(kept.prefix))
                 break
         else:
-            for kept in reversed(members):  # one message changed: a few finds each
+            for kept in members[: -CHANGED_TRIES - 1 : -1]:  # one message changed
                 parsed = self._changed(kept, body)
                 if parsed is not None:
                     break
