@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -276,8 +275,7 @@ class SessionTracker:
         """What changed in the system prompt since the session's previous request
         (proxy.rewrite.learned): (lines learned volatile by this request, lines of it
         move_volatile moves because they were learned)."""
-        lines = learned.system_lines(messages)
-        digest = hashlib.blake2b("\n".join(lines).encode(), digest_size=16).digest()
+        lines, digest = learned.text_lines(learned.system_texts(messages))
         new = 0
         if digest == session.system_digest:  # unchanged: only the counts move on
             previous = session.system_lines
@@ -294,7 +292,7 @@ class SessionTracker:
                 )
             session.system_digest, session.system_lines = digest, signatures
         test = learned.learned_line(session.learned, self.detector.mask)
-        moved = sum(1 for line in lines if test(line)) if test is not None else 0
+        moved = learned.learned_count(lines, test) if test is not None else 0
         return new, moved
 
     def forward(

@@ -76,22 +76,42 @@ def _label_key(line: str) -> bytes:
     return hashlib.blake2b(match.group(1).encode(), digest_size=8).digest()
 
 
-def system_lines(messages: Any) -> list[str]:
-    """Every line of the system and developer messages' text, in order."""
-    lines: list[str] = []
+def system_texts(messages: Any) -> tuple[str, ...]:
+    """The text of each system and developer message (of each text part), in order."""
+    texts: list[str] = []
     if not isinstance(messages, list):
-        return lines
+        return ()
     for message in messages:
         if not isinstance(message, dict) or message.get("role") not in SOURCE_ROLES:
             continue
         content = message.get("content")
         if isinstance(content, str):
-            lines += content.split("\n")
+            texts.append(content)
         elif isinstance(content, list):
             for part in content:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    lines += part["text"].split("\n")
-    return lines
+                    texts.append(part["text"])
+    return tuple(texts)
+
+
+def system_lines(messages: Any) -> list[str]:
+    """Every line of the system and developer messages' text, in order."""
+    return list(text_lines(system_texts(messages))[0])
+
+
+@functools.lru_cache(maxsize=256)
+def text_lines(texts: tuple[str, ...]) -> tuple[tuple[str, ...], bytes]:
+    """The lines of ``texts`` (system_texts) and their digest, worked out once per
+    system prompt: a session's next step mostly brings the same string objects again
+    (proxy.bodies), whose hashes Python keeps, so this is a lookup."""
+    lines = tuple(line for text in texts for line in text.split("\n"))
+    return lines, hashlib.blake2b("\n".join(lines).encode(), digest_size=16).digest()
+
+
+@functools.lru_cache(maxsize=256)
+def learned_count(lines: tuple[str, ...], test: Callable[[str], bool]) -> int:
+    """How many of ``lines`` ``test`` (learned_line: one object per learned set) takes."""
+    return sum(1 for line in lines if test(line))
 
 
 def learn(
