@@ -128,6 +128,7 @@ class _Kept:
 
     group: int
     prefix: memoryview  # of the body, not a copy: a fresh megabyte costs its page faults
+    size: int  # of the whole body, which the view keeps
     before: tuple[tuple[str, Any], ...]  # the top-level items before "messages"
     messages: list[Any]
     spans: list[Span]
@@ -143,7 +144,7 @@ class BodyCache:
     def __init__(self, max_bytes: int, min_body: int | None = None) -> None:
         self.max_bytes = max_bytes
         self.min_body = MIN_BODY if min_body is None else min_body
-        self.held = 0  # bytes of the bodies kept
+        self.held = 0  # bytes of the bodies kept (whole: their prefixes are views of them)
         self._lru: collections.OrderedDict[_Kept, None] = collections.OrderedDict()
         self._groups: dict[int, list[_Kept]] = {}
         # An array element no client sends: where a body's new part is parsed, it proves
@@ -263,17 +264,18 @@ class BodyCache:
         spans = parsed.spans
         # A body whose messages end within its group's bytes would be looked for in another
         # group (its continuation's first bytes differ there): too small to matter anyway.
-        if not spans or not HEAD <= spans[-1][1] <= self.max_bytes:
+        if not spans or spans[-1][1] < HEAD or len(body) > self.max_bytes:
             return
         end = spans[-1][1]
         messages, hashes = parsed.payload["messages"], parsed.hashes
         if hashes is None:  # both callers pass the table this request's memo fills in
             return
-        kept = _Kept(group, memoryview(body)[:end], before, messages, spans, hashes)
+        prefix = memoryview(body)[:end]
+        kept = _Kept(group, prefix, len(body), before, messages, spans, hashes)
         self._lru[kept] = None
         members = self._groups.setdefault(group, [])
         members.append(kept)
-        self.held += end
+        self.held += len(body)
         if len(members) > GROUP_MAX:
             self._drop(members[0])
         while self.held > self.max_bytes:
@@ -283,7 +285,7 @@ class BodyCache:
         if kept not in self._lru:
             return  # dropped already
         del self._lru[kept]
-        self.held -= len(kept.prefix)
+        self.held -= kept.size
         members = self._groups[kept.group]
         members.remove(kept)
         if not members:

@@ -142,11 +142,16 @@ def test_the_continued_messages_are_the_earlier_parse_s_objects() -> None:
     assert all(a is b for a, b in kept)
 
 
-def test_a_new_part_that_is_not_json_is_the_whole_body_s_error() -> None:
+def keeping_one_body() -> tuple[BodyCache, bytes]:
+    """A cache that kept one body (a system prompt and a user message), and that body."""
     cache = BodyCache(1 << 20, min_body=0)
-    history = [SYSTEM, {"role": "user", "content": "hi"}]
-    good = body(history, {})
-    cache.parse(good)
+    kept = body([SYSTEM, {"role": "user", "content": "hi"}], {})
+    cache.parse(kept)
+    return cache, kept
+
+
+def test_a_new_part_that_is_not_json_is_the_whole_body_s_error() -> None:
+    cache, good = keeping_one_body()
     broken = good[:-1] + b', "model": }'
     with pytest.raises(jsonio.InvalidJSON) as caught:
         cache.parse(broken)
@@ -156,10 +161,7 @@ def test_a_new_part_that_is_not_json_is_the_whole_body_s_error() -> None:
 
 
 def test_a_later_messages_key_wins_as_in_a_whole_parse() -> None:
-    cache = BodyCache(1 << 20, min_body=0)
-    history = [SYSTEM, {"role": "user", "content": "hi"}]
-    first = body(history, {})
-    cache.parse(first)
+    cache, first = keeping_one_body()
     twice = first[:-1] + b', "messages": [{"role": "user", "content": "other"}]}'
     parsed = cache.parse(twice)
     assert parsed.reused == 0
