@@ -9,8 +9,11 @@ and each message's byte span. A body that starts with exactly those bytes (one m
 follows it, so its messages are the earlier parse's objects (nobody changes a parsed
 request in place: the rewrites replace messages, they never mutate them), and only the
 rest is parsed, in the same place of the grammar: inside the top-level object's
-``messages`` array, after an element. The result is what ``orjson.loads(body)`` gives:
-the same values, types and key order (tests/unit/test_bodies.py).
+``messages`` array, after an element. A body that differs from a kept one in one message
+(a clock in the system prompt) has the messages after that one found again nearby and
+compared byte for byte; then only the changed message is parsed besides the new part.
+The result is what ``orjson.loads(body)`` gives: the same values, types and key order
+(tests/unit/test_bodies.py).
 
 Kept per credential (a body is only ever continued from one sent with the same
 ``Authorization``), bounded in bytes, least recently used dropped. Pure: no I/O.
