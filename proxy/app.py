@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from proxy import tokens
 from proxy.batching import RoundTrips
-from proxy.bodies import BodyCache
+from proxy.bodies import INPUT, BodyCache
 from proxy.call import Services
 from proxy.chat import CHAT_ROUTE, ChatCall, ChatServices
 from proxy.compaction import Compactor
@@ -156,7 +156,8 @@ def create_app(
     keys = tuple(key.encode("latin-1") for key in settings.api_keys)
     services = Services(settings, upstream, recorder, keys=keys, engines=engines)
     bodies = BodyCache(settings.body_cache_bytes)
-    metrics.body_cache_bytes.set_function(lambda: bodies.held)
+    response_bodies = BodyCache(settings.body_cache_bytes, array=INPUT)
+    metrics.body_cache_bytes.set_function(lambda: bodies.held + response_bodies.held)
     chat = ChatServices(
         settings,
         upstream,
@@ -168,6 +169,7 @@ def create_app(
         compactor=compactor,
         fanout=fanout,
         bodies=bodies,
+        response_bodies=response_bodies,
     )
     probes = Probes(services)
     paths = PathPolicy(settings.passthrough_paths)

@@ -51,27 +51,43 @@ WINDOW = 4096
 CHANGED_TRIES = 16
 _SPACE = b" \t\n\r"
 
-_KEY = b'"messages"'
-_OPEN = re.compile(rb'"messages"[ \t\n\r]*:[ \t\n\r]*\[[ \t\n\r]*')
 _GAP = re.compile(rb"[ \t\n\r]*,[ \t\n\r]*")
 
 
-class _Messages(msgspec.Struct):
-    """Only the ``messages`` array, each element as its raw bytes; other fields skipped."""
+@dataclasses.dataclass(frozen=True)
+class Array:
+    """The top-level array a body's history is: ``messages`` (chat completions), ``input``
+    (the Responses API)."""
 
-    messages: list[msgspec.Raw] = []
+    key: str
+    quoted: bytes  # the key as JSON writes it
+    opening: re.Pattern[bytes]  # the key, its colon and the array's bracket
+    decoder: msgspec.json.Decoder[Any]  # the array's elements as raw bytes, the rest skipped
+
+    @classmethod
+    def of(cls, key: str) -> Array:
+        quoted = b'"' + key.encode() + b'"'
+        elements = msgspec.defstruct("Elements", [(key, list[msgspec.Raw], [])])
+        return cls(
+            key,
+            quoted,
+            re.compile(re.escape(quoted) + rb"[ \t\n\r]*:[ \t\n\r]*\[[ \t\n\r]*"),
+            msgspec.json.Decoder(elements),
+        )
 
 
-_SCAN = msgspec.json.Decoder(_Messages)
+MESSAGES = Array.of("messages")
+INPUT = Array.of("input")
 
 
-def scan(body: bytes) -> list[msgspec.Raw] | None:
-    """The raw bytes of each element of the body's ``messages`` array; None if the body is
-    not a JSON object with a messages array that msgspec reads (NaN literals, ...)."""
+def scan(body: bytes, array: Array = MESSAGES) -> list[msgspec.Raw] | None:
+    """The raw bytes of each element of the body's array; None if the body is not a JSON
+    object with such an array that msgspec reads (NaN literals, ...)."""
     try:
-        return _SCAN.decode(body).messages
+        elements: list[msgspec.Raw] = getattr(array.decoder.decode(body), array.key)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    return elements
 
 
 def _walk(body: bytes, start: int, raws: list[msgspec.Raw]) -> list[Span] | None:
@@ -91,27 +107,27 @@ def _walk(body: bytes, start: int, raws: list[msgspec.Raw]) -> list[Span] | None
     return spans
 
 
-def message_spans(body: bytes) -> tuple[int, list[Span]] | None:
-    """Where the messages array of a chat body opens (the offset of its first element)
-    and where each message is: None where that cannot be told for sure (the key
-    ``"messages"`` written more than once anywhere in the body, which a nested object or a
-    string may do, or a body msgspec does not read)."""
-    if body.count(_KEY) != 1:
+def message_spans(body: bytes, array: Array = MESSAGES) -> tuple[int, list[Span]] | None:
+    """Where the body's array opens (the offset of its first element) and where each of
+    its elements is: None where that cannot be told for sure (its key written more than
+    once anywhere in the body, which a nested object or a string may do, or a body msgspec
+    does not read)."""
+    if body.count(array.quoted) != 1:
         return None
-    opened = _OPEN.search(body)
-    raws = scan(body) if opened is not None else None
+    opened = array.opening.search(body)
+    raws = scan(body, array) if opened is not None else None
     if opened is None or raws is None:
         return None
     spans = _walk(body, opened.end(), raws)
     return None if spans is None else (opened.end(), spans)
 
 
-def _before(head: bytes) -> tuple[tuple[str, Any], ...]:
-    """The top-level items a body's bytes up to its first message hold (``head`` ends
-    with the array's opening), as parsing just those bytes gives them: a key written again
-    after the messages is not theirs."""
+def _before(head: bytes, key: str) -> tuple[tuple[str, Any], ...]:
+    """The top-level items a body's bytes up to its first element hold (``head`` ends with
+    the array's opening), as parsing just those bytes gives them: a key written again
+    after the array is not theirs."""
     items = jsonio.loads(head + b"]}").items()
-    return tuple((key, value) for key, value in items if key != "messages")
+    return tuple((name, value) for name, value in items if name != key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +148,7 @@ class _Kept:
     group: int
     prefix: memoryview  # of the body, not a copy: a fresh megabyte costs its page faults
     size: int  # of the whole body, which the view keeps
-    before: tuple[tuple[str, Any], ...]  # the top-level items before "messages"
+    before: tuple[tuple[str, Any], ...]  # the top-level items before the array
     messages: list[Any]
     spans: list[Span]
     hashes: Hashes
@@ -144,8 +160,11 @@ class BodyCache:
     system prompt). ``max_bytes`` bounds the bodies kept (their parsed messages take about
     as much again); 0 keeps none."""
 
-    def __init__(self, max_bytes: int, min_body: int | None = None) -> None:
+    def __init__(
+        self, max_bytes: int, min_body: int | None = None, array: Array = MESSAGES
+    ) -> None:
         self.max_bytes = max_bytes
+        self.array = array
         self.min_body = MIN_BODY if min_body is None else min_body
         self.held = 0  # bytes of the bodies kept (whole: their prefixes are views of them)
         self._lru: collections.OrderedDict[_Kept, None] = collections.OrderedDict()
@@ -153,7 +172,7 @@ class BodyCache:
         # An array element no client sends: where a body's new part is parsed, it proves
         # the part ended where it was cut.
         self._nonce = b'"prefill-proxy ' + secrets.token_hex(16).encode() + b'"'
-        self._open = b'{"messages":['
+        self._open = b"{" + array.quoted + b":["
 
     def parse(self, body: bytes, credential: bytes = b"") -> Parsed:
         """``body`` parsed (raises jsonio.InvalidJSON as jsonio.loads does)."""
@@ -174,19 +193,20 @@ class BodyCache:
         if parsed is not None:
             self._drop(kept)  # its conversation goes on in this body
             known = kept.hashes
-            hashes = {i: known[i] for m in parsed.payload["messages"] if (i := id(m)) in known}
+            elements = parsed.payload[self.array.key]
+            hashes = {i: known[i] for m in elements if (i := id(m)) in known}
             parsed = dataclasses.replace(parsed, hashes=hashes)
             self._keep(group, body, parsed, kept.before)
             return parsed
         payload = jsonio.loads(body)
         found = None
-        if isinstance(payload, dict) and isinstance(payload.get("messages"), list):
-            found = message_spans(body)
+        if isinstance(payload, dict) and isinstance(payload.get(self.array.key), list):
+            found = message_spans(body, self.array)
         if found is None:
             return Parsed(payload)
         opened, spans = found
         parsed = Parsed(payload, spans, hashes={})
-        self._keep(group, body, parsed, _before(body[:opened]))
+        self._keep(group, body, parsed, _before(body[:opened], self.array.key))
         return parsed
 
     def _extend(
@@ -200,21 +220,22 @@ class BodyCache:
             rest = jsonio.loads(wrapped)
         except jsonio.InvalidJSON:
             return None  # parsed whole, for the error to point into the client's body
-        new = rest.get("messages") if isinstance(rest, dict) else None
-        raws = scan(wrapped)
+        key = self.array.key
+        new = rest.get(key) if isinstance(rest, dict) else None
+        raws = scan(wrapped, self.array)
         if not isinstance(new, list) or not new or not raws or len(raws) != len(new):
             return None
         if bytes(raws[0]) != self._nonce or new[0] != self._nonce[1:-1].decode():
-            return None  # a later "messages" key replaced the array
+            return None  # a later key of the array's name replaced it
         found = _walk(wrapped, len(self._open), raws)
         if found is None:
             return None
         shift = cut - len(self._open) - len(self._nonce)
         payload = dict(kept.before)
-        payload["messages"] = [*messages, *new[1:]]
-        for key, value in rest.items():  # later keys, and repeated ones: the last wins
-            if key != "messages":
-                payload[key] = value
+        payload[key] = [*messages, *new[1:]]
+        for name, value in rest.items():  # later keys, and repeated ones: the last wins
+            if name != key:
+                payload[name] = value
         moved = [(start + shift, end + shift) for start, end in found[1:]]
         return Parsed(payload, [*spans, *moved], reused=len(messages), reused_bytes=cut)
 
@@ -240,10 +261,10 @@ class BodyCache:
         if found < 0 or not body.startswith(prefix[after:], found):
             return None
         segment = body[start:found]  # the changed message, a comma, maybe spaces
-        if _KEY in segment:
-            return None  # a key "messages" in it could end the array and start another
+        if self.array.quoted in segment:
+            return None  # a key of the array's name in it could end it and start another
         try:
-            pair = jsonio.loads(self._open + segment + self._nonce + b"]}")["messages"]
+            pair = jsonio.loads(self._open + segment + self._nonce + b"]}")[self.array.key]
         except jsonio.InvalidJSON:
             return None
         if len(pair) != 2 or pair[1] != self._nonce[1:-1].decode():
@@ -270,7 +291,7 @@ class BodyCache:
         if not spans or spans[-1][1] < HEAD or len(body) > self.max_bytes:
             return
         end = spans[-1][1]
-        messages, hashes = parsed.payload["messages"], parsed.hashes
+        messages, hashes = parsed.payload[self.array.key], parsed.hashes
         if hashes is None:  # both callers pass the table this request's memo fills in
             return
         prefix = memoryview(body)[:end]

@@ -53,17 +53,14 @@ class ChatServices(Services):
     sessions: SessionTracker | None = None
     compactor: Compactor | None = None
     fanout: FanoutGate | None = None
-    bodies: BodyCache | None = None  # recent bodies, for parsing only what is new
+    # Recent bodies, for parsing only what is new: chat's (messages), Responses' (input).
+    bodies: BodyCache | None = None
+    response_bodies: BodyCache | None = None
     failures: FailOpenLog = dataclasses.field(default_factory=lambda: FailOpenLog(log))
 
 
 def _unmasked(text: str) -> str:
     return text
-
-
-def parse_chat_request(body: bytes) -> dict[str, Any]:
-    payload: dict[str, Any] = _object(lambda: Parsed(jsonio.loads(body))).payload
-    return payload
 
 
 def _object(parse: Callable[[], Parsed]) -> Parsed:
@@ -146,11 +143,17 @@ class ChatCall(Call):
     # -- the steps -----------------------------------------------------------------------
 
     def read_request(self, body: bytes) -> dict[str, Any]:
-        """The request as the conversation the pipeline reads (a chat request, here): the
-        continuation of a body kept from an earlier step where it is one (proxy.bodies)."""
-        bodies = self.chat.bodies
+        """The request as the conversation the pipeline reads (a chat request, here)."""
+        parsed = self.parse_body(body, self.chat.bodies)
+        self.spans, self.hashes = parsed.spans, parsed.hashes
+        payload: dict[str, Any] = parsed.payload
+        return payload
+
+    def parse_body(self, body: bytes, bodies: BodyCache | None) -> Parsed:
+        """The body as a JSON object (else the client's 400): the continuation of a body
+        ``bodies`` kept from an earlier step, where it is one (proxy.bodies)."""
         if bodies is None:
-            return parse_chat_request(body)
+            return _object(lambda: Parsed(jsonio.loads(body)))
         credential = b"\n".join(value for _, value in hdrs.credentials(self.down.raw_headers))
         try:
             parsed = _object(lambda: bodies.parse(body, credential))
@@ -159,16 +162,14 @@ class ChatCall(Call):
         except Exception as exc:  # fail open: parsed whole, as without the cache
             self.chat.failures.failed("body cache", exc)
             self.exchange.rewrite_failures += ("body_cache",)
-            return parse_chat_request(body)
+            return _object(lambda: Parsed(jsonio.loads(body)))
         metrics = self.services.recorder.metrics
         if parsed.reused:
             metrics.body_parses.labels("continued").inc()
             metrics.body_bytes_reused.inc(parsed.reused_bytes)
         else:
             metrics.body_parses.labels("whole").inc()
-        self.spans, self.hashes = parsed.spans, parsed.hashes
-        payload: dict[str, Any] = parsed.payload
-        return payload
+        return parsed
 
     def read_reply(self, body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """(usage, the reply as a chat message) of a whole, successful reply."""

@@ -98,9 +98,10 @@ class Settings:
     )
     body_cache_bytes: int = _setting(
         64 * 1024 * 1024,
-        "Bytes of recent chat request bodies kept so that the next step of a conversation "
-        "is parsed only from where it is new (proxy/bodies.py; their parsed messages take "
-        "about as much again); 0: every body parsed whole.",
+        "Bytes of recent request bodies kept so that the next step of a conversation is "
+        "parsed only from where it is new (proxy/bodies.py; their parsed messages take "
+        "about as much again), for chat completions and for the Responses API each; 0: "
+        "every body parsed whole.",
     )
     max_sse_event_bytes: int = _setting(
         8 * 1024 * 1024,

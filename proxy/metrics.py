@@ -221,14 +221,14 @@ class Metrics:
         )
         self.body_cache_bytes = Gauge(
             "prefill_proxy_body_cache_bytes",
-            "Bytes of recent chat request bodies kept so that a conversation's next step is "
+            "Bytes of recent request bodies kept so that a conversation's next step is "
             "parsed only from where it is new (bounded by body_cache_bytes).",
             registry=registry,
         )
         self.body_parses = Counter(
             "prefill_proxy_body_parses",
-            "Chat request bodies by how they were parsed: continued (from a kept earlier "
-            "body of the conversation: only the new part) or whole.",
+            "Chat and Responses request bodies by how they were parsed: continued (from a kept "
+            "earlier body of the conversation: only the new part) or whole.",
             ("outcome",),
             registry=registry,
         )

@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from proxy import jsonio
-from proxy.chat import ChatCall, ChatServices, parse_chat_request
+from proxy.chat import ChatCall, ChatServices
 from proxy.downstream import Downstream
 from proxy.errors import ProxyError
 from proxy.relay import StreamWatcher
@@ -44,7 +44,7 @@ class ResponsesCall(ChatCall):
         self.stream_watcher: events.ResponsesStreamWatcher | None = None
 
     def read_request(self, body: bytes) -> dict[str, Any]:
-        original = self.original = parse_chat_request(body)
+        original = self.original = self.parse_body(body, self.chat.response_bodies).payload
         try:
             return items.to_chat(original)
         except items.NotAConversation as exc:  # the engine judges it, as it was sent

@@ -16,11 +16,13 @@ import pytest
 from proxy import bodies, jsonio, splice
 from proxy.replay import traces
 from proxy.replay.profiles import Prompt, faithful, mixed, varied_clocks
+from proxy.replay.request import REPLY_FIELD, as_responses
 from tests.support.fake_upstream import USAGE
 
 pytestmark = pytest.mark.anyio
 
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 STYLES = ({"indent": 1, "ensure_ascii": True}, {"separators": (",", ":"), "ensure_ascii": False})
 
 
@@ -84,4 +86,56 @@ async def test_sessions_forward_the_same_bytes_with_bodies_continued_or_parsed_w
     # first continues the previous body.
     print(getattr(profile, "__name__", "varied"), parses, len(continued))
     if profile is faithful:
+        assert parses == len(continued) - 4
+
+
+async def replay_responses(make_proxy, profile, **overrides: Any) -> tuple[list[bytes], Any]:
+    """The same conversations as Responses API requests (proxy.replay.request.as_responses:
+    the system prompt as instructions, the rest as input items)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        output = [
+            {
+                "type": "message",
+                "role": "assistant",
+                "id": "msg_1",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "ok", "annotations": []}],
+            }
+        ]
+        usage = {"input_tokens": 40, "output_tokens": 1, "total_tokens": 41}
+        body = {
+            "id": "resp_1",
+            "object": "response",
+            "status": "completed",
+            "model": "m",
+            "output": output,
+            "usage": usage,
+        }
+        return httpx.Response(200, json=body)
+
+    proxy = make_proxy(answer, warmup=False, **overrides)
+    for conversation in traces.load(traces.locate("dev"), limit=4):
+        for index, step in enumerate(traces.steps(conversation)):
+            prompt = profile(Prompt(step.messages, conversation.tools), conversation.id, index)
+            chat = {"model": "m", "messages": prompt.messages, "tools": prompt.tools}
+            request = {**as_responses(chat), "stream": False}
+            request.pop(REPLY_FIELD, None)
+            response = await proxy.client.post(RESPONSES, content=json.dumps(request))
+            assert response.status_code == 200
+    sent = [r.content for r in proxy.seen if r.method == "POST" and r.url.path == RESPONSES]
+    return sent, proxy
+
+
+@pytest.mark.parametrize("profile", [faithful, mixed])
+async def test_responses_sessions_forward_the_same_bytes_with_bodies_continued_or_not(
+    make_proxy, monkeypatch, profile
+) -> None:
+    monkeypatch.setattr(bodies, "MIN_BODY", 0)
+    continued, proxy = await replay_responses(make_proxy, profile)
+    whole, _ = await replay_responses(make_proxy, profile, body_cache_bytes=0)
+    assert len(continued) == len(whole) > 30
+    assert continued == whole
+    parses = proxy.sample("prefill_proxy_body_parses_total", outcome="continued")
+    if profile is faithful:  # every step after a conversation's first
         assert parses == len(continued) - 4

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import jsonio
-from proxy.bodies import GROUP_MAX, HEAD, WINDOW, BodyCache, message_spans
+from proxy.bodies import GROUP_MAX, HEAD, INPUT, MESSAGES, WINDOW, Array, BodyCache, message_spans
 from tests.support.conversations import conversations
 
 # How clients write JSON: compact, Python's default spacing, indented, ASCII escapes.
@@ -43,22 +43,28 @@ def object_of(items: list[tuple[str, Any]], style: dict[str, Any]) -> bytes:
     return ("{" + separators[0].join(parts) + "}").encode()
 
 
-def body(messages: list[Any], style: dict[str, Any], layout: str = "first", step: int = 0) -> bytes:
+def body(
+    messages: list[Any],
+    style: dict[str, Any],
+    layout: str = "first",
+    step: int = 0,
+    key: str = "messages",
+) -> bytes:
     if layout == "first":  # openai-python: messages, then the rest
-        items = [("messages", messages), ("model", "m"), ("tools", TOOLS)]
+        items = [(key, messages), ("model", "m"), ("tools", TOOLS)]
     elif layout == "last":  # tools and settings before the history
-        items = [("model", "m"), ("tools", TOOLS), ("temperature", 0.5), ("messages", messages)]
+        items = [("model", "m"), ("tools", TOOLS), ("temperature", 0.5), (key, messages)]
     elif layout == "moving":  # something after the history that changes every step
-        items = [("model", "m"), ("messages", messages), ("metadata", {"step": step, "n": 1.0})]
+        items = [("model", "m"), (key, messages), ("metadata", {"step": step, "n": 1.0})]
     else:  # a key before the history written again after it, with another value
-        items = [("user", "first"), ("messages", messages), ("stream", True), ("user", f"s{step}")]
+        items = [("user", "first"), (key, messages), ("stream", True), ("user", f"s{step}")]
     return object_of(items, style)
 
 
-def check(parsed: Any, raw: bytes) -> None:
+def check(parsed: Any, raw: bytes, key: str = "messages") -> None:
     assert exactly(parsed.payload) == exactly(orjson.loads(raw))
     if parsed.spans is not None:
-        messages = parsed.payload["messages"]
+        messages = parsed.payload[key]
         assert len(parsed.spans) == len(messages)
         for (start, end), message in zip(parsed.spans, messages, strict=True):
             assert exactly(orjson.loads(raw[start:end])) == exactly(message)
@@ -70,7 +76,7 @@ def system(clock: str, step: int) -> dict[str, Any]:
     if clock == "top":
         return {**SYSTEM, "content": f"Now: {step * 7919:012d}. " + SYSTEM["content"]}
     if clock == "end":
-        return {**SYSTEM, "content": SYSTEM["content"] + f"Step {7 ** step} at {step}:00."}
+        return {**SYSTEM, "content": SYSTEM["content"] + f"Step {7**step} at {step}:00."}
     return SYSTEM
 
 
@@ -81,6 +87,7 @@ def system(clock: str, step: int) -> dict[str, Any]:
     st.sampled_from(("first", "last", "moving", "repeated")),
     st.lists(st.integers(min_value=0, max_value=40), max_size=3),
     st.sampled_from(("none", "top", "end")),
+    st.sampled_from((MESSAGES, INPUT)),
 )
 def test_a_growing_session_parses_as_orjson_parses_it(
     messages: list[dict[str, Any]],
@@ -88,17 +95,20 @@ def test_a_growing_session_parses_as_orjson_parses_it(
     layout: str,
     edits: list[int],
     clock: str,
+    array: Array,
 ) -> None:
-    cache = BodyCache(1 << 20, min_body=0)
+    # The history as chat messages, or as the Responses API's input items (the cache does
+    # not read the elements: any JSON values).
+    cache = BodyCache(1 << 20, min_body=0, array=array)
     continued = 0
     for step in range(1, len(messages) + 1):
         history = [system(clock, step), *messages[:step]]
         for index in edits:  # a client that changes an old message now and then
             if 0 < index < len(history) and step % 3 == 0:
                 history[index] = {**history[index], "content": f"edited at {step}"}
-        raw = body(history, style, layout, step)
+        raw = body(history, style, layout, step, array.key)
         parsed = cache.parse(raw)
-        check(parsed, raw)
+        check(parsed, raw, array.key)
         continued += parsed.reused > 0
     if len(messages) > 2 and not edits:
         assert continued == len(messages) - 1  # every step after the first continued
