@@ -42,17 +42,26 @@ async def replay(
         }
         return httpx.Response(200, json=body)
 
+    def write(request: dict[str, Any], step: traces.Step) -> bytes:
+        reply.clear()
+        reply.update(step.reply)
+        return json.dumps(request, **style).encode()
+
     proxy = make_proxy(answer, warmup=False, **overrides)
+    return await drive(proxy, profile, CHAT, write), proxy
+
+
+async def drive(proxy, profile, route: str, write) -> list[bytes]:
+    """The first dev conversations step by step through ``proxy``, as ``profile``'s client
+    changes them: each step's chat request written by ``write(request, step)`` and posted
+    to ``route``. The bodies the upstream got."""
     for conversation in traces.load(traces.locate("dev"), limit=4):
         for index, step in enumerate(traces.steps(conversation)):
             prompt = profile(Prompt(step.messages, conversation.tools), conversation.id, index)
-            reply.clear()
-            reply.update(step.reply)
             request = {"model": "m", "messages": prompt.messages, "tools": prompt.tools}
-            response = await proxy.client.post(CHAT, content=json.dumps(request, **style))
+            response = await proxy.client.post(route, content=write(request, step))
             assert response.status_code == 200
-    sent = [r.content for r in proxy.seen if r.method == "POST" and r.url.path == CHAT]
-    return sent, proxy
+    return [r.content for r in proxy.seen if r.method == "POST" and r.url.path == route]
 
 
 @pytest.mark.parametrize("profile", [faithful, mixed, varied_clocks])
@@ -114,17 +123,13 @@ async def replay_responses(make_proxy, profile, **overrides: Any) -> tuple[list[
         }
         return httpx.Response(200, json=body)
 
+    def write(chat: dict[str, Any], step: traces.Step) -> bytes:
+        request = {**as_responses(chat), "stream": False}
+        request.pop(REPLY_FIELD, None)
+        return json.dumps(request).encode()
+
     proxy = make_proxy(answer, warmup=False, **overrides)
-    for conversation in traces.load(traces.locate("dev"), limit=4):
-        for index, step in enumerate(traces.steps(conversation)):
-            prompt = profile(Prompt(step.messages, conversation.tools), conversation.id, index)
-            chat = {"model": "m", "messages": prompt.messages, "tools": prompt.tools}
-            request = {**as_responses(chat), "stream": False}
-            request.pop(REPLY_FIELD, None)
-            response = await proxy.client.post(RESPONSES, content=json.dumps(request))
-            assert response.status_code == 200
-    sent = [r.content for r in proxy.seen if r.method == "POST" and r.url.path == RESPONSES]
-    return sent, proxy
+    return await drive(proxy, profile, RESPONSES, write), proxy
 
 
 @pytest.mark.parametrize("profile", [faithful, mixed])
