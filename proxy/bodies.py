@@ -183,7 +183,9 @@ class BodyCache:
         parsed = None
         for kept in reversed(members):  # appended to: one memcmp each
             if len(body) > len(kept.prefix) and body.startswith(kept.prefix):
-                parsed = self._extend(kept, body, kept.messages, kept.spans, len(kept.prefix))
+                parsed = self._extend(
+                    kept.before, body, kept.messages, kept.spans, len(kept.prefix)
+                )
                 break
         else:
             for kept in members[: -CHANGED_TRIES - 1 : -1]:  # one message changed
@@ -210,11 +212,17 @@ class BodyCache:
         return parsed
 
     def _extend(
-        self, kept: _Kept, body: bytes, messages: list[Any], spans: list[Span], cut: int
+        self,
+        before: tuple[tuple[str, Any], ...],
+        body: bytes,
+        messages: list[Any],
+        spans: list[Span],
+        cut: int,
     ) -> Parsed | None:
-        """``body`` as ``messages`` (the kept ones, where they are in ``body``: ``spans``,
-        the last ending at ``cut``) followed by what its bytes from ``cut`` on hold: more
-        messages, then the rest of the top-level object. None where they do not read so."""
+        """``body`` as the top-level items ``before`` its array, then ``messages`` (kept
+        ones, where they are in ``body``: ``spans``, the last ending at ``cut``), then what
+        its bytes from ``cut`` on hold: more messages, then the rest of the top-level
+        object. None where they do not read so."""
         wrapped = self._open + self._nonce + body[cut:]
         try:
             rest = jsonio.loads(wrapped)
@@ -231,7 +239,7 @@ class BodyCache:
         if found is None:
             return None
         shift = cut - len(self._open) - len(self._nonce)
-        payload = dict(kept.before)
+        payload = dict(before)
         payload[key] = [*messages, *new[1:]]
         for name, value in rest.items():  # later keys, and repeated ones: the last wins
             if name != key:
@@ -253,7 +261,7 @@ class BodyCache:
             if not index:
                 return None
             return self._extend(
-                kept, body, kept.messages[:index], spans[:index], spans[index - 1][1]
+                kept.before, body, kept.messages[:index], spans[:index], spans[index - 1][1]
             )
         after, end = spans[index + 1][0], spans[-1][1]
         needle = prefix[after : spans[index + 1][1]]
@@ -274,7 +282,7 @@ class BodyCache:
         messages = [*kept.messages[:index], pair[0], *kept.messages[index + 1 :]]
         moved = [*spans[:index], (start, changed_end)]
         moved += [(first + shift, last + shift) for first, last in spans[index + 1 :]]
-        parsed = self._extend(kept, body, messages, moved, end + shift)
+        parsed = self._extend(kept.before, body, messages, moved, end + shift)
         if parsed is None:
             return None
         parsed_bytes = changed_end - start

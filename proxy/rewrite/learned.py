@@ -94,11 +94,6 @@ def system_texts(messages: Any) -> tuple[str, ...]:
     return tuple(texts)
 
 
-def system_lines(messages: Any) -> list[str]:
-    """Every line of the system and developer messages' text, in order."""
-    return list(text_lines(system_texts(messages))[0])
-
-
 @functools.lru_cache(maxsize=256)
 def text_lines(texts: tuple[str, ...]) -> tuple[tuple[str, ...], bytes]:
     """The lines of ``texts`` (system_texts) and their digest, worked out once per
