@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from proxy import jsonio
-from proxy.transcript import Hashes
+from proxy.transcript import Known
 
 Span = tuple[int, int]  # a message's bytes in its body: body[start:end]
 
@@ -136,9 +136,9 @@ class Parsed:
     spans: list[Span] | None = None  # each message's bytes in the body, when known
     reused: int = 0  # messages that are an earlier body's parsed objects
     reused_bytes: int = 0  # the bytes of those: not parsed again
-    # The messages' content hashes (proxy.transcript.Memo fills it in): for the earlier
-    # body's objects, those it worked out then. Kept with this body for the next step.
-    hashes: Hashes | None = None
+    # What is known of the messages (proxy.transcript.Memo fills it in): for the earlier
+    # body's objects, what was worked out then. Kept with this body for the next step.
+    known: Known | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -151,7 +151,7 @@ class _Kept:
     before: tuple[tuple[str, Any], ...]  # the top-level items before the array
     messages: list[Any]
     spans: list[Span]
-    hashes: Hashes
+    known: Known
 
 
 class BodyCache:
@@ -194,10 +194,8 @@ class BodyCache:
                     break
         if parsed is not None:
             self._drop(kept)  # its conversation goes on in this body
-            known = kept.hashes
-            elements = parsed.payload[self.array.key]
-            hashes = {i: known[i] for m in elements if (i := id(m)) in known}
-            parsed = dataclasses.replace(parsed, hashes=hashes)
+            known = kept.known.continued(parsed.payload[self.array.key])
+            parsed = dataclasses.replace(parsed, known=known)
             self._keep(group, body, parsed, kept.before)
             return parsed
         payload = jsonio.loads(body)
@@ -207,7 +205,7 @@ class BodyCache:
         if found is None:
             return Parsed(payload)
         opened, spans = found
-        parsed = Parsed(payload, spans, hashes={})
+        parsed = Parsed(payload, spans, known=Known())
         self._keep(group, body, parsed, _before(body[:opened], self.array.key))
         return parsed
 
@@ -299,11 +297,11 @@ class BodyCache:
         if not spans or spans[-1][1] < HEAD or len(body) > self.max_bytes:
             return
         end = spans[-1][1]
-        messages, hashes = parsed.payload[self.array.key], parsed.hashes
-        if hashes is None:  # both callers pass the table this request's memo fills in
+        messages, known = parsed.payload[self.array.key], parsed.known
+        if known is None:  # both callers pass what this request's memo fills in
             return
         prefix = memoryview(body)[:end]
-        kept = _Kept(group, prefix, len(body), before, messages, spans, hashes)
+        kept = _Kept(group, prefix, len(body), before, messages, spans, known)
         self._lru[kept] = None
         members = self._groups.setdefault(group, [])
         members.append(kept)

@@ -30,7 +30,7 @@ from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.stream_usage import request_usage
 from proxy.sessions import fingerprint
 from proxy.tracker import SessionTracker, Turn
-from proxy.transcript import Hashes
+from proxy.transcript import Known
 from proxy.upstream import UpstreamResponse
 
 CHAT_ROUTE = "/v1/chat/completions"
@@ -108,7 +108,7 @@ class ChatCall(Call):
         self.payload: dict[str, Any] = {}
         self.strip_usage = False  # the proxy asked for stream usage the client did not
         self.spans: list[Span] | None = None  # where each client message is in the body
-        self.hashes: Hashes | None = None  # their content hashes, known and to be worked out
+        self.known: Known | None = None  # what is known of them (proxy.transcript.Memo)
         # The client's switch for this request: X-Prefill-Proxy-Rewrite: off.
         switch = down.headers.get(REWRITE_HEADER, "").strip().lower()
         self.rewriting = bool(self.chat.pipeline) and self.settings.rewrite and switch != "off"
@@ -145,7 +145,7 @@ class ChatCall(Call):
     def read_request(self, body: bytes) -> dict[str, Any]:
         """The request as the conversation the pipeline reads (a chat request, here)."""
         parsed = self.parse_body(body, self.chat.bodies)
-        self.spans, self.hashes = parsed.spans, parsed.hashes
+        self.spans, self.known = parsed.spans, parsed.known
         payload: dict[str, Any] = parsed.payload
         return payload
 
@@ -179,7 +179,7 @@ class ChatCall(Call):
         sessions = self.chat.sessions
         if sessions is None:
             return None
-        turn = await sessions.open(self.down.headers, payload, hashes=self.hashes)
+        turn = await sessions.open(self.down.headers, payload, known=self.known)
         self.credit(turn)
         return turn
 

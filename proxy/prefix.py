@@ -92,7 +92,7 @@ def remember(
         for key, sent, given in zip(keys, rewritten, client_messages, strict=True):
             # A system prompt is rewritten afresh every time (its volatile values move to
             # the newest message); restoring an old one would hide the new values.
-            if sent != given and not _is_system(given):
+            if sent is not given and sent != given and not _is_system(given):
                 session.substitute(key, sent)
     if forwarded_chain is None or len(forwarded_chain) != len(forwarded):
         forwarded_chain = exact_chain(forwarded, memo)

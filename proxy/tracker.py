@@ -23,7 +23,7 @@ from proxy.rewrite import learned
 from proxy.rewrite.template_kwargs import pinnable
 from proxy.rewrite.volatile import VolatileDetector, notes_after
 from proxy.sessions import Session, SessionStore, fingerprint, identify
-from proxy.transcript import Hashes, Memo, Memos, chain_keys, exact_chain
+from proxy.transcript import Known, Memo, Memos, chain_keys, exact_chain
 
 log = logging.getLogger("prefill_proxy.sessions")
 
@@ -162,12 +162,12 @@ class SessionTracker:
         *,
         conversation: str = "",
         chained_to: str = "",
-        hashes: Hashes | None = None,
+        known: Known | None = None,
     ) -> Turn | None:
         """The request's session. A Responses request may also name it by its
         ``conversation`` or continue a response (``chained_to``: previous_response_id).
-        ``hashes``: the content hashes of the request's parsed messages that are known
-        already (proxy.bodies), filled in with the rest."""
+        ``known``: what is known already of the request's parsed messages (proxy.bodies),
+        filled in with the rest."""
         messages = request.get("messages")
         if not isinstance(messages, list):
             return None
@@ -208,7 +208,7 @@ class SessionTracker:
         # Keys leave learned lines out (a learned block grows without changing them).
         mask = self._mask(session.learned)
         try:
-            memo = Memo(self._memos.get(session.key), hashes)
+            memo = Memo(self._memos.get(session.key), known)
             keys = chain_keys(messages, mask, memo)
             lookup = history_keys(session, messages, keys, mask, memo)
         except InvalidJSON as exc:  # fail open: a body too odd to key goes on as sent
@@ -281,8 +281,7 @@ class SessionTracker:
             previous = session.system_lines
             session.learned, _ = learned.learn(previous, previous, session.learned)
         else:
-            mask = self.detector.mask
-            signatures = tuple(learned.signature(line, mask) for line in lines)
+            signatures = learned.signatures(lines, self.detector.mask)
             if session.system_lines:
                 session.learned, new = learned.learn(
                     session.system_lines,

@@ -20,6 +20,8 @@ from proxy import jsonio
 Mask = Callable[[str], str]
 # Parsed messages' content hashes by object: id -> (the object, kept alive, its hash).
 Hashes = dict[int, tuple[Any, int]]
+# A chain worked out over a list of messages: (the list, what it was keyed with, the chain).
+Chain = tuple[Sequence[Any], Any, list[bytes]]
 
 _ROOT = b"prefill-proxy/transcript/v2"  # v2: chains of per-message digests
 
@@ -121,6 +123,26 @@ def _content_hash(message: Any) -> int:
         return hash(_frozen(message))
 
 
+class Known:
+    """What a request worked out of its parsed messages, carried with its body
+    (proxy.bodies) to the request that continues it, whose leading messages are the same
+    objects: their content hashes, and the chains over the request's lists (``before``:
+    those of the request it continues; ``chains``: its own, for the next one)."""
+
+    __slots__ = ("before", "chains", "hashes")
+
+    def __init__(self, hashes: Hashes | None = None, before: dict[str, Chain] | None = None):
+        self.hashes: Hashes = {} if hashes is None else hashes
+        self.before: dict[str, Chain] = {} if before is None else before
+        self.chains: dict[str, Chain] = {}
+
+    def continued(self, messages: Sequence[Any]) -> Known:
+        """What the request continuing this one (``messages``: its parsed messages) starts
+        with: the hashes of the objects it shares, and this request's chains."""
+        known = self.hashes
+        return Known({i: known[i] for m in messages if (i := id(m)) in known}, self.chains)
+
+
 class Memo:
     """A conversation's message digests, carried from one of its requests to the next
     (proxy.tracker keeps one per session in this process): a message sent again is found
@@ -133,13 +155,16 @@ class Memo:
     def __init__(
         self,
         previous: Mapping[int, list[bytes | None]] | None = None,
-        hashes: Hashes | None = None,
+        known: Known | None = None,
     ) -> None:
         self._previous = previous or {}
         self._seen: dict[int, list[bytes | None]] = {}  # what this request's messages use
-        # Object id -> (object, content hash). Passed in (proxy.bodies), it already knows
-        # the messages this request shares with the previous one as the same objects.
-        self._by_id: Hashes = {} if hashes is None else hashes
+        # Passed in (proxy.bodies), it already knows the messages this request shares with
+        # the previous one as the same objects: their content hashes and chain links.
+        self._known = Known() if known is None else known
+        self._by_id: Hashes = self._known.hashes
+        self._carried = 0  # messages whose links a chain took from the previous request
+        self._messages = 0  # the longest list chained
 
     def _entry(self, message: Any) -> list[bytes | None]:
         known = self._by_id.get(id(message))
@@ -169,8 +194,43 @@ class Memo:
             digest = entry[1] = normal_digest(message, mask)
         return digest
 
+    def chain(
+        self,
+        name: str,
+        messages: Sequence[Any],
+        tag: Any,
+        digest: Callable[[Any], bytes],
+    ) -> list[bytes]:
+        """The chain of ``messages`` (each link: the previous one and ``digest`` of the
+        message). Where the previous request of the conversation chained a list by this
+        ``name`` and ``tag`` (equal mask), a message that is its own object at the same
+        place, after links that came out the same, has its link taken as it was: the
+        chain costs the messages that are new (or changed), not the history."""
+        before_messages, before_tag, before = self._known.before.pop(name, ((), None, []))
+        synced = tag == before_tag  # the chain so far is the previous one's
+        limit = min(len(before), len(before_messages))
+        chain: list[bytes] = []
+        previous = _ROOT
+        for index, message in enumerate(messages):
+            if synced and index < limit and before_messages[index] is message:
+                previous = before[index]
+                self._carried += 1
+            else:
+                previous = _link(previous, digest(message))
+                synced = synced and index < limit and previous == before[index]
+            chain.append(previous)
+        self._known.chains[name] = (messages, tag, chain)
+        self._messages = max(self._messages, len(messages))
+        return chain
+
     def kept(self) -> dict[int, list[bytes | None]]:
-        """The digests this request's messages used: the next request's ``previous``."""
+        """The digests this request's messages used (and those of the previous request,
+        for the messages whose links were carried, while that stays small): the next
+        request's ``previous``."""
+        if self._carried:
+            merged = {**self._previous, **self._seen}
+            if len(merged) <= 2 * self._messages + 64:
+                return merged
         return self._seen
 
 
@@ -207,6 +267,8 @@ def chain_keys(
     messages: Sequence[Any], mask: Mask | None = None, memo: Memo | None = None
 ) -> list[bytes]:
     """Key i identifies messages[0..i] up to form changes."""
+    if memo is not None:
+        return memo.chain("keys", messages, mask, lambda message: memo.normal(message, mask))
     keys: list[bytes] = []
     previous = _ROOT
     for message in messages:
@@ -226,7 +288,9 @@ def exact_chain(messages: Sequence[Any], memo: Memo | None = None) -> list[bytes
     """Hashes of the exact values: message i's covers messages 0..i (prefix comparison).
     Key order is left out: chat templates read fields by name, so it never reaches the
     prompt (clients re-order keys freely, e.g. pydantic's model_dump)."""
-    return exact_chain_after(None, messages, memo)
+    if memo is not None:
+        return memo.chain("exact", messages, None, memo.exact)
+    return exact_chain_after(None, messages)
 
 
 def exact_chain_after(

@@ -68,6 +68,13 @@ _LABEL = re.compile(r"\s*([^:\n]{1,40}?)\s*:(?:\s|$)")
 _NO_LABEL = bytes(8)
 
 
+@functools.lru_cache(maxsize=256)
+def signatures(lines: tuple[str, ...], mask: Mask) -> tuple[bytes, ...]:
+    """Each line's signature, once per system prompt (text_lines): every new conversation
+    that shares a prompt starts with the same lines."""
+    return tuple(signature(line, mask) for line in lines)
+
+
 def _label_key(line: str) -> bytes:
     """The hash of a line's label ("Status" in "Status: idle"), if it has one."""
     match = _LABEL.match(line)
@@ -287,10 +294,13 @@ def _learned_test(
     return test
 
 
+@functools.lru_cache(maxsize=1024)
 def keyed(base: Mask, test: Callable[[str], bool] | None) -> Mask:
     """The session's key form of a system text: ``base`` (numbers 0, patterns masked) of
     the text without its learned lines (``test``, from ``learned_line``), so a block that
-    grows or changes keeps the messages' chain keys, and with them restored history."""
+    grows or changes keeps the messages' chain keys, and with them restored history.
+    One object per pair: a request keyed as its session's previous one has its chain
+    links carried (proxy.transcript.Memo.chain)."""
     if test is None:
         return base
 

@@ -14,7 +14,7 @@ from proxy import jsonio
 from proxy.replay import traces
 from proxy.replay.profiles import Prompt, mixed, varied_clocks
 from proxy.rewrite.volatile import DEFAULT_DETECTOR
-from proxy.transcript import Memo, chain_keys, exact_chain
+from proxy.transcript import Known, Memo, chain_keys, exact_chain, normal_digest
 from tests.support.conversations import conversations
 from tests.support.stores import CodecStore
 from tests.unit.test_sessions import Proxy
@@ -40,17 +40,81 @@ def test_memo_gives_the_same_chains(messages: list[Any], cut: int) -> None:
 def test_memo_with_the_previous_step_s_objects_gives_the_same_chains(
     messages: list[Any], cut: int
 ) -> None:
-    # proxy.bodies hands the next step the earlier parse's objects and their hashes.
-    hashes: dict[int, Any] = {}
+    # proxy.bodies hands the next step the earlier parse's objects and what was known.
+    known = Known()
     head = messages[:cut]
-    earlier = Memo(None, hashes)
+    earlier = Memo(None, known)
     assert chain_keys(head, MASK, earlier) == chain_keys(head, MASK)
-    assert {id(m) for m in head if m.get("role") not in ("system", "developer")} <= hashes.keys()
+    assert exact_chain(head, earlier) == exact_chain(head)
+    assert {id(m) for m in head} <= known.hashes.keys()
     again = [*head, *copy.deepcopy(messages[cut:])]  # the same objects, then new ones
-    kept = {id(m): hashes[id(m)] for m in again if id(m) in hashes}
-    memo = Memo(earlier.kept(), kept)
+    memo = Memo(earlier.kept(), known.continued(again))
     assert chain_keys(again, MASK, memo) == chain_keys(messages, MASK)
     assert exact_chain(again, memo) == exact_chain(messages)
+
+
+OTHER_MASK = DEFAULT_DETECTOR.mask  # another key form of system text (numbers kept apart)
+
+
+@st.composite
+def sessions_of_steps(draw: st.DrawFn) -> list[tuple[list[Any], Any]]:
+    """Steps of one conversation as the body cache hands them over: each the previous
+    step's objects (some replaced by a copy or an edit, as a clock or a restored reply
+    is), then new messages; keyed with the session's mask or, when it learned a line,
+    another."""
+    messages = draw(conversations())
+    texts = st.sampled_from(["clock 10:15", "clock 10:16", "x", ""])
+    steps: list[tuple[list[Any], Any]] = []
+    current: list[Any] = []
+    for end in sorted(draw(st.lists(st.integers(0, len(messages)), min_size=1, max_size=5))):
+        step = [*current, *copy.deepcopy(messages[len(current) : max(end, len(current))])]
+        for index in draw(st.lists(st.integers(0, max(len(step) - 1, 0)), max_size=2)):
+            if index < len(step):
+                changed = dict(step[index])
+                if draw(st.booleans()) and isinstance(changed.get("content"), str):
+                    changed["content"] = changed["content"] + draw(texts)
+                step[index] = changed  # a new object, equal or not
+        steps.append((step, draw(st.sampled_from([MASK, OTHER_MASK]))))
+        current = step
+    return steps
+
+
+@settings(max_examples=200, deadline=None)
+@given(sessions_of_steps())
+def test_chains_carried_from_the_previous_step_are_the_chains(
+    steps: list[tuple[list[Any], Any]],
+) -> None:
+    known, digests = Known(), None
+    for messages, mask in steps:
+        memo = Memo(digests, known)
+        assert chain_keys(messages, mask, memo) == chain_keys(messages, mask)
+        assert exact_chain(messages, memo) == exact_chain(messages)
+        digests, known = memo.kept(), known.continued(messages)
+
+
+def test_a_step_that_appends_takes_its_history_s_links_as_they_were() -> None:
+    # The shortcut is taken (not only correct): the earlier links are not worked out again.
+    system = {"role": "system", "content": "Today is 2026-12-03."}
+    history = [system, *({"role": "user", "content": f"m{n}"} for n in range(20))]
+    known = Known()
+    first = Memo(None, known)
+    chain_keys(history, MASK, first)
+    appended = [*history, {"role": "user", "content": "new"}]
+    worked_out: list[Any] = []
+
+    def normal(message: Any) -> bytes:
+        worked_out.append(message)
+        return normal_digest(message, MASK)
+
+    second = known.continued(appended)
+    memo = Memo(first.kept(), second)
+    keys = memo.chain("keys", appended, MASK, normal)
+    assert keys == chain_keys(appended, MASK)
+    assert worked_out == [appended[-1]]
+    # The same objects under another mask are keyed afresh.
+    memo = Memo(memo.kept(), second.continued(appended))
+    assert memo.chain("keys", appended, OTHER_MASK, normal) == chain_keys(appended, OTHER_MASK)
+    assert len(worked_out) == 1 + len(appended)
 
 
 def test_values_equal_in_python_but_not_in_json_are_told_apart() -> None:
