@@ -1,20 +1,22 @@
-"""The upstream engine: the only module that talks to backends and handles httpx errors.
+"""The upstream engine: the only module that talks to backends and handles their errors.
 
-One shared ``httpx.AsyncClient`` on an aiohttp transport (``httpx-aiohttp``): httpx's API,
-aiohttp's HTTP/1.1 machinery, which costs about a quarter of the CPU per proxied request
-of httpx's own pure-Python transport (tests/benchmarks/overhead.py measures it).
+Requests go out on one shared ``aiohttp.ClientSession`` (its connection pool), directly: a
+proxy needs none of a client library's per-request work, and httpx's request and response
+objects around aiohttp's (``httpx-aiohttp``) cost about a tenth of a millisecond per
+request (tests/benchmarks/overhead.py). An httpx transport given instead (tests stand a
+``MockTransport`` in for the engines) is called the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
 import httpx
-from httpx_aiohttp import AiohttpTransport
+import yarl
 
 from proxy import jsonio
 from proxy.config import Settings
@@ -23,49 +25,53 @@ from proxy.headers import upstream_credentials
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
 URLS_KEPT = 256
-
+READ_CHUNK = 1 << 16  # the most a body chunk holds (aiohttp's read buffer)
 
 # aiohttp adds these when a request lacks them; a transparent proxy must not.
 _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
-
-
-def _aiohttp_transport(settings: Settings) -> AiohttpTransport:
-    def session() -> aiohttp.ClientSession:  # made lazily, inside the running event loop
-        connector = aiohttp.TCPConnector(
-            limit=settings.max_connections, keepalive_timeout=settings.keepalive_expiry
-        )
-        return aiohttp.ClientSession(
-            connector=connector, skip_auto_headers=_NO_AUTO_HEADERS, auto_decompress=False
-        )
-
-    return AiohttpTransport(client=session)
+_FAILURES = (TimeoutError, httpx.HTTPError, aiohttp.ClientError, OSError)
 
 
 class Upstream:
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = settings.upstream_base
+        self._settings = settings
         self._total_timeout = settings.total_timeout or None
         # The proxy's own requests without a client's credentials (/v1/models, /metrics)
         # carry the upstream's key, if it has one.
         self._own_credentials = upstream_credentials(settings.upstream_api_key)
+        self._timeout = aiohttp.ClientTimeout(
+            sock_connect=settings.connect_timeout,
+            sock_read=settings.read_timeout,
+            connect=settings.connect_timeout,  # waiting for a connection of the pool too
+        )
+        self._session: aiohttp.ClientSession | None = None  # made in the running loop
+        self._transport = transport
         timeout = httpx.Timeout(
             connect=settings.connect_timeout,
             read=settings.read_timeout,
             write=settings.read_timeout,
             pool=settings.connect_timeout,
         )
-        self._transport = transport or _aiohttp_transport(settings)
         self._extensions = {"timeout": timeout.as_dict()}
-        self._urls: dict[tuple[str, str], httpx.URL] = {}
-        # The shared client owns the connection pool (its transport) and closes it. Requests
-        # go to the transport directly (see send), so the client's own per-request behaviour
-        # (default headers, a cookie jar shared by every caller) never applies.
-        self._client = httpx.AsyncClient(
-            transport=self._transport, timeout=timeout, follow_redirects=False
-        )
+        self._urls: dict[tuple[str, str], yarl.URL] = {}
+
+    def _pool(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self._settings.max_connections,
+                keepalive_timeout=self._settings.keepalive_expiry,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, skip_auto_headers=_NO_AUTO_HEADERS, auto_decompress=False
+            )
+        return self._session
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+        if self._transport is not None:
+            await self._transport.aclose()
 
     async def send(
         self,
@@ -84,33 +90,61 @@ class Upstream:
         deadline = None
         if self._total_timeout is not None:  # in the event loop's clock, as timeout_at wants
             deadline = asyncio.get_running_loop().time() + self._total_timeout
-        # Straight to the shared client's transport (its connection pool): a proxy needs
-        # none of the client's per-request work (URL merging, cookies, auth, redirects),
-        # which was about a tenth of the proxy's CPU per request (tests/benchmarks).
-        request = httpx.Request(
-            method,
-            self._url(base or self.base_url, path),
-            headers=headers,
-            content=body,
-            extensions=self._extensions,
-        )
+        url = self._url(base or self.base_url, path)
         # No retry here: a request is sent once. aiohttp itself sends an idempotent request
         # again when a reused keep-alive connection turns out closed; a POST (a generation)
         # that fails so gets a 502, since nothing proves the engine did not receive it
         # (keepalive_expiry under the engine's keep-alive makes that race rare).
         try:
             async with asyncio.timeout_at(deadline):
-                response = await self._transport.handle_async_request(request)
-        except (TimeoutError, httpx.HTTPError, aiohttp.ClientError, OSError) as exc:
+                if self._transport is not None:
+                    return await self._send_httpx(method, url, headers, body, deadline)
+                response = await self._pool().request(
+                    method,
+                    url,
+                    headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers],
+                    data=body or None,
+                    allow_redirects=False,
+                    timeout=self._timeout,
+                )
+        except _FAILURES as exc:
             raise self._translate(exc) from exc
-        return UpstreamResponse(response, deadline, self)
+        return UpstreamResponse(
+            response.status,
+            response.raw_headers,
+            response.content.iter_chunked(READ_CHUNK),
+            lambda: _release(response),
+            deadline,
+            self,
+        )
 
-    def _url(self, base: str, path: str) -> httpx.URL:
-        """The parsed URL, kept for the engines' few paths: parsing one takes about half
-        the time of building the request around it."""
+    async def _send_httpx(
+        self,
+        method: str,
+        url: yarl.URL,
+        headers: RawHeaders,
+        body: bytes | None,
+        deadline: float | None,
+    ) -> UpstreamResponse:
+        request = httpx.Request(
+            method, str(url), headers=headers, content=body, extensions=self._extensions
+        )
+        assert self._transport is not None
+        response = await self._transport.handle_async_request(request)
+        if response.is_stream_consumed:  # a transport that read it all (MockTransport)
+            chunks: AsyncIterator[bytes] = _one(response.content)
+        else:
+            chunks = response.aiter_raw()
+        return UpstreamResponse(
+            response.status_code, response.headers.raw, chunks, response.aclose, deadline, self
+        )
+
+    def _url(self, base: str, path: str) -> yarl.URL:
+        """The URL as the client wrote its path (``encoded``: nothing re-quoted), kept for
+        the engines' few paths: parsing one costs about as much as sending the request."""
         url = self._urls.get((base, path))
         if url is None:
-            url = httpx.URL(base + path)
+            url = yarl.URL(base + path, encoded=True)
             if len(self._urls) < URLS_KEPT:  # paths carry the client's query: bounded
                 self._urls[(base, path)] = url
         return url
@@ -160,26 +194,32 @@ class Upstream:
 class UpstreamResponse:
     """A response whose body has not been read yet."""
 
-    def __init__(self, response: httpx.Response, deadline: float | None, upstream: Upstream):
-        self._response = response
+    def __init__(
+        self,
+        status: int,
+        headers: RawHeaders,
+        chunks: AsyncIterator[bytes],
+        close: Callable[[], Awaitable[None]],
+        deadline: float | None,
+        upstream: Upstream,
+    ):
+        self.status = status
+        self.headers = headers
+        self._chunks = chunks
+        self._close = close
         self._deadline = deadline
         self._upstream = upstream
-        self.status = response.status_code
-        self.headers: RawHeaders = response.headers.raw
 
     async def iter_bytes(self) -> AsyncIterator[bytes]:
         """Body chunks as they arrive, bounded by the read and total timeouts."""
-        if self._response.is_stream_consumed:  # a transport that read it all (MockTransport)
-            yield self._response.content
-            return
-        chunks = self._response.aiter_raw().__aiter__()
+        chunks = self._chunks.__aiter__()
         while True:
             try:
                 async with asyncio.timeout_at(self._deadline):
                     chunk = await chunks.__anext__()
             except StopAsyncIteration:
                 return
-            except (TimeoutError, httpx.HTTPError, aiohttp.ClientError, OSError) as exc:
+            except _FAILURES as exc:
                 raise self._upstream._translate(exc) from exc
             yield chunk
 
@@ -190,5 +230,17 @@ class UpstreamResponse:
         """Close now; if the body was not read to the end, the connection is dropped, which
         makes vLLM abort the request and free its KV blocks."""
         # Closing a connection that is already broken: nothing is left to free.
-        with contextlib.suppress(httpx.HTTPError, OSError):
-            await self._response.aclose()
+        with contextlib.suppress(httpx.HTTPError, aiohttp.ClientError, OSError):
+            await self._close()
+
+
+async def _release(response: aiohttp.ClientResponse) -> None:
+    """The connection back to the pool when the body was read to its end, else closed."""
+    if response.content.at_eof():
+        response.release()
+    else:
+        response.close()
+
+
+async def _one(content: bytes) -> AsyncIterator[bytes]:
+    yield content

@@ -348,6 +348,13 @@ def parse_args() -> argparse.Namespace:
         "sessions of about 64k, 256k, 1m bytes (default 2msg)",
     )
     add("--passthrough", action="store_true", help="also measure a bare FastAPI + aiohttp relay")
+    add(
+        "--baseline",
+        metavar="DIR",
+        type=Path,
+        help="also measure the proxy of another checkout (e.g. a git worktree of the commit "
+        "before a change) in the same alternating rounds",
+    )
     add("--json", metavar="OUT", type=Path, help="also write the figures to this file")
     add("--upstream-url", help="use this running upstream instead of starting one")
     add(
@@ -381,20 +388,20 @@ async def measure(args: argparse.Namespace, direct: Target, others: list[Target]
     return rows
 
 
-def compared(rows: list[dict]) -> str:
-    """Proxy against the passthrough, cell by cell: added p50 (over direct), their ratio,
-    throughput and CPU per request."""
+def compared(rows: list[dict], reference: str = "passthrough") -> str:
+    """Proxy against ``reference`` (the passthrough, a baseline), cell by cell: added p50
+    (over direct), their ratio, throughput and CPU per request."""
     cells: dict[tuple[str, str, int, str], dict[str, dict]] = {}
     for row in rows:
         key = (row["size"], row["mode"], row["concurrency"], row["metric"])
         cells.setdefault(key, {})[row["target"]] = row
-    head = "| request | mode | c | metric | passthrough added p50 | proxy added p50 | ratio "
-    head += "| req/s passthrough / proxy | CPU/req passthrough / proxy |"
+    head = f"| request | mode | c | metric | {reference} added p50 | proxy added p50 | ratio "
+    head += f"| req/s {reference} / proxy | CPU/req {reference} / proxy |"
     lines = [head, "|---|---|---:|---|---:|---:|---:|---:|---:|"]
     for (size, mode, concurrency, metric), by in cells.items():
-        if "passthrough" not in by or "proxy" not in by:
+        if reference not in by or "proxy" not in by:
             continue
-        bare, ours = by["passthrough"], by["proxy"]
+        bare, ours = by[reference], by["proxy"]
         ratio = ours["added_p50_ms"] / bare["added_p50_ms"] if bare["added_p50_ms"] > 0 else 0
         cpu = [r["proxy"].get("cpu_ms_per_request") for r in (bare, ours)]
         cpu_text = " / ".join("-" if c is None else f"{c:.2f} ms" for c in cpu)
@@ -428,9 +435,10 @@ def report(args: argparse.Namespace, env: dict[str, Any], rows: list[dict]) -> N
     for target in dict.fromkeys(r["target"] for r in rows):
         print(f"\n**{target}** against direct\n")
         print(markdown([r for r in rows if r["target"] == target]), flush=True)
-    if any(r["target"] == "passthrough" for r in rows):
-        print("\n**proxy against the passthrough**\n")
-        print(compared(rows), flush=True)
+    for reference in ("passthrough", "baseline"):
+        if any(r["target"] == reference for r in rows):
+            print(f"\n**proxy against the {reference}**\n")
+            print(compared(rows, reference), flush=True)
     if memory := env.get("resident_mb"):
         figures = ", ".join(f"{k} {v:.0f} MB" for k, v in memory.items())
         print(f"\nresident memory after the run: {figures}")
@@ -438,6 +446,12 @@ def report(args: argparse.Namespace, env: dict[str, Any], rows: list[dict]) -> N
         options = {k: str(v) for k, v in vars(args).items()}
         figures = {"environment": env, "options": options, "rows": rows}
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def proxy_command(upstream_url: str, port: int) -> list[str]:
+    """The proxy's CLI (``python -m``; from the checkout it runs in) on ``port``."""
+    address = ["--host", "127.0.0.1", "--port", str(port)]
+    return ["proxy", "serve", "--upstream", upstream_url, *address, "--log-level", "warning"]
 
 
 def main() -> int:
@@ -457,24 +471,20 @@ def main() -> int:
         if proxy_url is None:
             port = free_port()
             proxy_url = f"http://127.0.0.1:{port}"
-            command = [
-                "proxy",
-                "serve",
-                "--upstream",
-                upstream_url,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ]
-            process = spawn(command, proxy_url + "/ready", cwd=str(ROOT))
+            process = spawn(proxy_command(upstream_url, port), proxy_url + "/ready", cwd=str(ROOT))
             proxy_pid = stack.enter_context(process).pid
         else:
             wait_ready(proxy_url.rstrip("/") + "/health", None)
         direct = Target("direct", upstream_url.rstrip("/"), None)
         others = [Target("proxy", proxy_url.rstrip("/"), proxy_pid)]
+        if args.baseline:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            command = proxy_command(upstream_url, port)
+            process = stack.enter_context(
+                spawn(command, url + "/ready", cwd=str(args.baseline.resolve()))
+            )
+            others.insert(0, Target("baseline", url, process.pid))
         if args.passthrough:
             port = free_port()
             url = f"http://127.0.0.1:{port}"

@@ -13,7 +13,7 @@ UPSTREAM = Upstream(config.load({"upstream": "http://engine:8000"}, environ={}))
 
 
 def wrapped(outer: type[httpx.HTTPError], cause: BaseException) -> httpx.HTTPError:
-    """What httpx-aiohttp raises: an httpx error caused by the aiohttp one."""
+    """An httpx error caused by another (an httpx transport wrapping aiohttp's)."""
     exc = outer("x")
     exc.__cause__ = cause
     return exc
@@ -34,7 +34,12 @@ REFUSED = aiohttp.ClientConnectorError(_Key(), ConnectionRefusedError(111, "refu
         (httpx.ReadTimeout("slow"), errors.UpstreamTimeout, 504),
         (httpx.RemoteProtocolError("cut"), errors.UpstreamProtocolError, 502),
         (TimeoutError(), errors.UpstreamTimeout, 504),
-        # httpx-aiohttp maps any ClientConnectionError to ConnectTimeout: look at the cause.
+        # aiohttp's own, as the engines' pool raises them.
+        (REFUSED, errors.UpstreamError, 502),
+        (aiohttp.ServerDisconnectedError(), errors.UpstreamProtocolError, 502),
+        (aiohttp.SocketTimeoutError(), errors.UpstreamTimeout, 504),
+        (aiohttp.ClientPayloadError("truncated"), errors.UpstreamProtocolError, 502),
+        # httpx-aiohttp mapped any ClientConnectionError to ConnectTimeout: the cause counts.
         (wrapped(httpx.ConnectTimeout, REFUSED), errors.UpstreamError, 502),
         (
             wrapped(httpx.ConnectTimeout, aiohttp.ServerDisconnectedError()),
