@@ -25,18 +25,20 @@ class ToolForms:
     named: tuple[str, ...]  # each object tool's canonical encoding, sorted
 
 
+SAME_KEPT = 64  # recent lists also answered by identity
 _kept: collections.OrderedDict[bytes, ToolForms] = collections.OrderedDict()
-# The last list asked about, by identity: a request asks three times (its fingerprint,
-# its continuity, its record) about the same object, which requests never change in
-# place; holding it keeps the identity meaningful.
-_last: tuple[Any, ToolForms] | None = None
+# Recent lists asked about, by identity: a request asks three times (its fingerprint, its
+# continuity, its record) about the same object, and a session's next steps bring it
+# again where their bodies continue an earlier one (proxy.bodies parses its tools once).
+# Parsed requests are never changed in place; holding the object keeps its id meaningful.
+_same: collections.OrderedDict[int, tuple[Any, ToolForms]] = collections.OrderedDict()
 
 
 def forms(tools: Any) -> ToolForms:
     """The canonical forms of ``tools`` (any value: None and malformed lists too)."""
-    global _last
-    if _last is not None and _last[0] is tools:
-        return _last[1]
+    same = _same.get(id(tools))
+    if same is not None and same[0] is tools:
+        return same[1]
     try:
         encoded = jsonio.dumps(tools)
     except jsonio.InvalidJSON:  # too deep to encode plainly: worked out, not kept
@@ -48,7 +50,9 @@ def forms(tools: Any) -> ToolForms:
         known = _kept[encoded] = _work_out(tools)
         if len(_kept) > KEPT:
             _kept.popitem(last=False)
-    _last = (tools, known)
+    _same[id(tools)] = (tools, known)
+    if len(_same) > SAME_KEPT:
+        _same.popitem(last=False)
     return known
 
 
