@@ -290,3 +290,30 @@ def test_many_concurrent_streams(fake_upstream, start_proxy) -> None:
     assert all(body == expected for body in bodies)
     assert proxy.sample("prefill_proxy_requests_total", route=CHAT, model="m", status="200") == 250
     assert proxy.sample("prefill_proxy_in_flight_requests") == 0
+
+
+def test_the_engine_gets_the_client_s_path_query_headers_and_body_as_sent(
+    fake_upstream, start_proxy
+) -> None:
+    """On the wire, through the engines' aiohttp pool: nothing re-quoted, nothing added
+    that the client did not send but what HTTP needs (host, content length)."""
+    proxy = start_proxy(fake_upstream.url, passthrough_paths=("*",))
+    host, port = proxy.url.removeprefix("http://").split(":")
+    body = b'{"odd":  "spacing kept"}'
+    target = "/v1/some/path%20x?a=1&b=%2F&c=%7e"
+    head = f"PUT {target} HTTP/1.1\r\nhost: p\r\nx-client: c\r\ncontent-type: application/x-odd"
+    head += f"\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200")
+    (received,) = fake_upstream.received
+    assert (received.method, received.path) == ("PUT", target)
+    assert received.body == body
+    assert received.header("x-client") == "c"
+    assert received.header("content-type") == "application/x-odd"
+    assert received.header("content-length") == str(len(body))
+    for added in ("user-agent", "accept", "accept-encoding"):
+        assert received.header(added) is None
