@@ -122,12 +122,21 @@ def message_spans(body: bytes, array: Array = MESSAGES) -> tuple[int, list[Span]
     return None if spans is None else (opened.end(), spans)
 
 
-def _before(head: bytes, key: str) -> tuple[tuple[str, Any], ...]:
+def _before(head: bytes, key: str, payload: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """The top-level items a body's bytes up to its first element hold (``head`` ends with
     the array's opening), as parsing just those bytes gives them: a key written again
-    after the array is not theirs."""
+    after the array is not theirs. Where ``payload`` (the whole body's parse) holds the
+    same value, its object: the next steps then bring the objects this one had (their
+    tools, their instructions), which what was made from them is kept by."""
     items = jsonio.loads(head + b"]}").items()
-    return tuple((name, value) for name, value in items if name != key)
+    return tuple((k, _as_parsed(payload.get(k), value)) for k, value in items if k != key)
+
+
+def _as_parsed(parsed: Any, value: Any) -> Any:
+    """``parsed`` where it is ``value`` to the byte (Python's == takes 1 for True)."""
+    if type(parsed) is type(value) and jsonio.dumps(parsed) == jsonio.dumps(value):
+        return parsed
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +203,8 @@ class BodyCache:
                     break
         if parsed is not None:
             self._drop(kept)  # its conversation goes on in this body
-            known = kept.known.continued(parsed.payload[self.array.key])
+            payload = parsed.payload
+            known = kept.known.continued(payload[self.array.key], payload.values())
             parsed = dataclasses.replace(parsed, known=known)
             self._keep(group, body, parsed, kept.before)
             return parsed
@@ -206,7 +216,7 @@ class BodyCache:
             return Parsed(payload)
         opened, spans = found
         parsed = Parsed(payload, spans, known=Known())
-        self._keep(group, body, parsed, _before(body[:opened], self.array.key))
+        self._keep(group, body, parsed, _before(body[:opened], self.array.key, payload))
         return parsed
 
     def _extend(

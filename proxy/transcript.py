@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from proxy import jsonio
@@ -126,21 +126,34 @@ def _content_hash(message: Any) -> int:
 class Known:
     """What a request worked out of its parsed messages, carried with its body
     (proxy.bodies) to the request that continues it, whose leading messages are the same
-    objects: their content hashes, and the chains over the request's lists (``before``:
-    those of the request it continues; ``chains``: its own, for the next one)."""
+    objects: their content hashes, the chains over the request's lists (``before``: those
+    of the request it continues; ``chains``: its own, for the next one), and objects made
+    from parsed ones (``converted``: the chat messages of Responses items, by the id of
+    what they were made from, kept with it)."""
 
-    __slots__ = ("before", "chains", "hashes")
+    __slots__ = ("before", "chains", "converted", "hashes")
 
-    def __init__(self, hashes: Hashes | None = None, before: dict[str, Chain] | None = None):
+    def __init__(
+        self,
+        hashes: Hashes | None = None,
+        before: dict[str, Chain] | None = None,
+        converted: dict[int, tuple[Any, Any]] | None = None,
+    ):
         self.hashes: Hashes = {} if hashes is None else hashes
         self.before: dict[str, Chain] = {} if before is None else before
         self.chains: dict[str, Chain] = {}
+        self.converted: dict[int, tuple[Any, Any]] = {} if converted is None else converted
 
-    def continued(self, messages: Sequence[Any]) -> Known:
-        """What the request continuing this one (``messages``: its parsed messages) starts
-        with: the hashes of the objects it shares, and this request's chains."""
-        known = self.hashes
-        return Known({i: known[i] for m in messages if (i := id(m)) in known}, self.chains)
+    def continued(self, elements: Sequence[Any], others: Iterable[Any] = ()) -> Known:
+        """What the request continuing this one starts with (``elements``: its parsed
+        array; ``others``: its other top-level values): what was made from the objects it
+        shares, their hashes, and this request's chains."""
+        present = {id(element) for element in elements}
+        present.update(id(value) for value in others)
+        converted = {i: made for i, made in self.converted.items() if i in present}
+        present.update(id(made[1]) for made in converted.values())
+        hashes = {i: known for i, known in self.hashes.items() if i in present}
+        return Known(hashes, self.chains, converted)
 
 
 class Memo:

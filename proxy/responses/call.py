@@ -44,9 +44,11 @@ class ResponsesCall(ChatCall):
         self.stream_watcher: events.ResponsesStreamWatcher | None = None
 
     def read_request(self, body: bytes) -> dict[str, Any]:
-        original = self.original = self.parse_body(body, self.chat.response_bodies).payload
+        parsed = self.parse_body(body, self.chat.response_bodies)
+        original = self.original = parsed.payload
+        self.known = parsed.known
         try:
-            return items.to_chat(original)
+            return items.to_chat(original, self.known.converted if self.known else None)
         except items.NotAConversation as exc:  # the engine judges it, as it was sent
             log.debug("responses request forwarded as sent: %s", exc)
             self.rewriting = False
@@ -62,6 +64,7 @@ class ResponsesCall(ChatCall):
             payload,
             conversation=conversation_id(self.original.get("conversation")),
             chained_to=chained if isinstance(chained, str) else "",
+            known=self.known,
         )
         self.credit(turn)
         return turn

@@ -21,7 +21,7 @@ every transform passes over.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from proxy import jsonio
@@ -43,20 +43,28 @@ class NotAConversation(ValueError):
 # -- requests ------------------------------------------------------------------------------
 
 
-def to_chat(request: Mapping[str, Any]) -> dict[str, Any]:
+Converted = dict[int, tuple[Any, dict[str, Any]]]
+
+
+def to_chat(request: Mapping[str, Any], converted: Converted | None = None) -> dict[str, Any]:
     """The chat-completion request standing for a Responses request: its messages, tools
-    and ``parallel_tool_calls``, and the fields sessions are identified by."""
+    and ``parallel_tool_calls``, and the fields sessions are identified by. ``converted``:
+    messages made before (proxy.transcript.Known, carried with a body the next step
+    continues), by the id of the object they were made from; a message made again from
+    the same objects is the same object, so the session's chains carry over it. Made
+    messages are never changed in place (the rewrites replace them)."""
+    made: Converted = {} if converted is None else converted
     messages: list[dict[str, Any]] = []
     instructions = request.get("instructions")
     if isinstance(instructions, str) and instructions:
-        messages.append({"role": "system", "content": instructions, SOURCE: INSTRUCTIONS})
+        messages.append(_made(made, instructions, (instructions,), _instructions))
     elif instructions is not None and not isinstance(instructions, str):
         raise NotAConversation("instructions is not a string")
     given = request.get("input")
     if isinstance(given, str):
         messages.append({"role": "user", "content": given, SOURCE: STRING_INPUT})
     elif isinstance(given, list):
-        messages.extend(_messages(given))
+        messages.extend(_messages(given, made))
     else:
         raise NotAConversation("input is neither a string nor a list of items")
     chat: dict[str, Any] = {"model": request.get("model"), "messages": messages}
@@ -122,7 +130,28 @@ def _ordered(forwarded: dict[str, Any], original: Mapping[str, Any]) -> dict[str
 # -- items to messages ------------------------------------------------------------------
 
 
-def _messages(items: Sequence[Any]) -> list[dict[str, Any]]:
+def _made(
+    made: Converted, key: Any, sources: tuple[Any, ...], make: Callable[..., dict[str, Any]]
+) -> dict[str, Any]:
+    """``make(*sources)``, or the message it made from these very objects before (kept by
+    the id of ``key``, the first of them: its entry holds them all alive)."""
+    known = made.get(id(key))
+    if known is not None and _same_objects(known[0], sources):
+        return known[1]
+    message = make(*sources)
+    made[id(key)] = (sources, message)
+    return message
+
+
+def _same_objects(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def _instructions(instructions: str) -> dict[str, Any]:
+    return {"role": "system", "content": instructions, SOURCE: INSTRUCTIONS}
+
+
+def _messages(items: Sequence[Any], made: Converted) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     turn: list[dict[str, Any]] = []  # the items of the assistant turn being read
     for item in items:
@@ -130,17 +159,21 @@ def _messages(items: Sequence[Any]) -> list[dict[str, Any]]:
             raise NotAConversation("an input item is not an object")
         if is_assistant_item(item):
             if turn and _starts_turn(item, turn):
-                messages.append(assistant_message(turn))
+                messages.append(_made(made, turn[0], tuple(turn), _assistant_turn))
                 turn = []
             turn.append(item)
             continue
         if turn:
-            messages.append(assistant_message(turn))
+            messages.append(_made(made, turn[0], tuple(turn), _assistant_turn))
             turn = []
-        messages.append(_message(item))
+        messages.append(_made(made, item, (item,), _message))
     if turn:
-        messages.append(assistant_message(turn))
+        messages.append(_made(made, turn[0], tuple(turn), _assistant_turn))
     return messages
+
+
+def _assistant_turn(*items: dict[str, Any]) -> dict[str, Any]:
+    return assistant_message(items)
 
 
 def is_assistant_item(item: Mapping[str, Any]) -> bool:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy import bodies
 from proxy.responses import events, items
 from proxy.rewrite.canonical_tools import canonical_tools
 from proxy.rewrite.pipeline import RewriteContext
 from proxy.rewrite.volatile import NOTE_HEADER, move_volatile
+from proxy.transcript import Memo, chain_keys
 
 TOOL = {
     "type": "function",
@@ -235,3 +238,51 @@ def test_any_conversation_goes_back_as_it_came(given_items: list[Any], instructi
     body = [m for m in chat["messages"] if m.get(items.SOURCE) != items.INSTRUCTIONS]
     assert [i for m in body for i in items.message_items(m)] == given_items
     assert original == kept  # nothing was changed in place
+
+
+def responses_body(steps: int, instructions: str = "You are helpful.") -> bytes:
+    """A Responses request of an agent after ``steps`` tool rounds, as JSON bytes, with
+    enough history for the body cache to keep it."""
+    given: list[Any] = [{"role": "user", "content": "Weather in Paris? " + "x" * 400}]
+    for n in range(steps):
+        call = {**CALL, "id": f"fc_{n}", "call_id": f"call_{n}"}
+        output = {**OUTPUT, "call_id": f"call_{n}", "output": f"Sunny, {n} C " + "y" * 600}
+        given += [{**REASONING, "id": f"rs_{n}"}, call, output]
+    body = {"model": "m", "instructions": instructions, "input": given, "tools": [TOOL]}
+    return json.dumps(body).encode()
+
+
+def test_a_continued_body_s_messages_are_the_objects_made_for_the_previous_step() -> None:
+    """The body cache hands a step's items over as the previous step's objects; made into
+    chat messages again they are the same messages, so the session's chains carry over
+    them (proxy.transcript.Memo.chain) and the messages equal those made afresh."""
+    cache = bodies.BodyCache(1 << 20, min_body=0, array=bodies.INPUT)
+    previous: list[Any] = []
+    known = None
+    for steps in range(1, 40):
+        parsed = cache.parse(responses_body(steps))
+        assert parsed.known is not None
+        chat = items.to_chat(parsed.payload, parsed.known.converted)
+        messages = chat["messages"]
+        assert messages == items.to_chat(json.loads(responses_body(steps)))["messages"]
+        if steps > 1:
+            assert parsed.reused
+            shared = len(previous)  # every earlier message: the new round follows them
+            assert all(a is b for a, b in zip(messages[:shared], previous, strict=True))
+            memo = Memo(None, parsed.known)
+            keys = chain_keys(messages, None, memo)
+            assert keys == chain_keys(messages)
+            assert memo._carried == shared  # the earlier links taken as they were
+        else:
+            chain_keys(messages, None, Memo(None, parsed.known))
+        previous, known = messages, parsed.known
+    assert known is not None and len(known.converted) <= 3 * 40 + 2  # only what is present
+
+
+def test_edited_instructions_are_made_again() -> None:
+    made: items.Converted = {}
+    first = items.to_chat(json.loads(responses_body(2)), made)["messages"]
+    again = json.loads(responses_body(2, instructions="You are terse."))
+    second = items.to_chat(again, made)["messages"]
+    assert second[0]["content"] == "You are terse." and first[0]["content"] != "You are terse."
+    assert second == items.to_chat(again)["messages"]
