@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 import tempfile
@@ -66,6 +67,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--max-text", type=int, default=80, help="characters of a text reply kept")
     add("--cold-tokens", type=int, default=2048, help="computed tokens that mean prefix lost")
     add("--modes", default="off,on")
+    add("--steps-out", type=Path, help="also write each step (JSON lines) to this file")
     return parser.parse_args(argv)
 
 
@@ -204,6 +206,11 @@ async def run_mode(
     records = [pair for run in runs for pair in run]
     steps = [record for _, record in records]
     followers = [record for after_tool, record in records if after_tool]
+    if args.steps_out:
+        with args.steps_out.open("a") as out:
+            for after_tool, record in records:
+                step = {"warmup": warmup, "after_tool": after_tool, **dataclasses.asdict(record)}
+                out.write(json.dumps(step) + "\n")
     return summary(warmup, steps, followers, after - before, proxy_text, wall, args.cold_tokens)
 
 
