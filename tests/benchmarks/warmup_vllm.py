@@ -68,6 +68,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--cold-tokens", type=int, default=2048, help="computed tokens that mean prefix lost")
     add("--modes", default="off,on")
     add("--steps-out", type=Path, help="also write each step (JSON lines) to this file")
+    add(
+        "--priority",
+        type=int,
+        default=0,
+        help="start vLLM with --scheduling-policy priority and send warm-ups at this "
+        "priority (warmup_priority; higher runs later); 0: FCFS (default)",
+    )
     return parser.parse_args(argv)
 
 
@@ -172,19 +179,23 @@ def vllm(args: argparse.Namespace) -> Iterator[str]:
 
     extra = ["--num-gpu-blocks-override", str(args.kv_blocks)]
     extra += ["--max-model-len", str(args.max_model_len)]
+    if args.priority:
+        extra += ["--scheduling-policy", "priority"]
     log = Path(tempfile.mkdtemp(prefix="warmup-vllm-")) / "vllm.log"
     with support.start(support.free_port(), log, extra_args=extra) as server:
         yield server.base_url
 
 
 @contextlib.contextmanager
-def proxy_for(engine: str, warmup: bool) -> Iterator[str]:
+def proxy_for(engine: str, warmup: bool, priority: int = 0) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     serve = ["proxy", "serve", "--upstream", engine, "--port", str(port), "--log-level", "warning"]
     # These prompts (6-8k tokens) cross compaction's watermarks at an 8k context: compaction
     # would summarize them (on the tiny model) and hold steps for it, which is not measured.
     serve += ["--compaction", "false", "--warmup", str(warmup).lower()]
+    if priority:
+        serve += ["--warmup-priority", str(priority)]
     with spawn(serve, url + "/ready"):
         yield url
 
@@ -196,7 +207,7 @@ async def run_mode(
         (await client.post(engine + "/reset_prefix_cache")).raise_for_status()
         model = (await client.get(engine + "/v1/models")).json()["data"][0]["id"]
         before = metric(scrape(engine), "vllm:prompt_tokens_by_source_total", "local_compute")
-        with proxy_for(engine, warmup) as proxy:
+        with proxy_for(engine, warmup, args.priority) as proxy:
             started = time.monotonic()
             agent = Agent(client, proxy, model, args)
             runs = await asyncio.gather(*(agent.run(c) for c in conversations))
