@@ -119,8 +119,10 @@ class Compactor:
         state = session.compaction
         if state is None:
             state = session.compaction = Compaction()
+        # What this step forwards, counted (the reply's count calibrates the estimate with
+        # it); stays 0 where it was not counted or is not what goes out.
+        state.last_estimate = 0
         if _far_below(state, turn, messages, budget, self.planner.sizer, request.get("tools")):
-            state.last_estimate = 0  # not counted: no ratio to learn from this step
             return request
         snap = self.planner.snapshot(messages, turn.keys, state, request.get("tools"))
         cut = find_cut(state, snap.keys)
@@ -136,13 +138,14 @@ class Compactor:
             if not kind:  # nothing left to compact
                 if estimate > budget.limit:
                     self.metrics.compaction_fallbacks.labels("too_long").inc()
-                return request if estimate > budget.limit else self._with(request, current)
+                    return request
+                return self._with(request, current, snap, state)
             new, compacted, after = self.planner.settle(new, snap, budget)
             if after > budget.limit:  # even head + newest turn: let the engine say so
                 self.metrics.compaction_fallbacks.labels("too_long").inc()
                 return request
             if after >= estimate:  # nothing gained: keep the prefix the engine has cached
-                return self._with(request, current)
+                return self._with(request, current, snap, state)
             fallback = fallback or (reason if kind == "fallback" else "")
             self._commit(session, new, kind, fallback, estimate, after)
             exchange.compaction = kind
@@ -152,11 +155,15 @@ class Compactor:
                 exchange.compaction, state.unreported = state.unreported, ""
             if estimate > budget.soft:
                 self._start_summary(state, snap, budget, cut, turn, request)
-        state.last_estimate = sum(current.sizes) + snap.tools_tokens
-        return self._with(request, current)
+        return self._with(request, current, snap, state)
 
     @staticmethod
-    def _with(request: dict[str, Any], current: View) -> dict[str, Any]:
+    def _with(
+        request: dict[str, Any], current: View, snap: Snapshot, state: Compaction
+    ) -> dict[str, Any]:
+        """``request`` with the messages of ``current``, which ``state`` (the session's
+        compaction now) records as this step's count."""
+        state.last_estimate = sum(current.sizes) + snap.tools_tokens
         if current.messages == request["messages"]:
             return request
         return {**request, "messages": current.messages}

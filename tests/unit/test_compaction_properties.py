@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy import config, tokens
 from proxy.compaction import Compactor, plan
-from proxy.compaction.budget import Sizer
+from proxy.compaction.budget import PER_MESSAGE, Sizer
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.rewrite.volatile import VolatileDetector
@@ -90,10 +90,13 @@ async def replay(
     store: SessionStore | None = None,
     *,
     body_bytes: bool = False,
+    engine_counts: bool = False,
     limit: int = LIMIT,
 ) -> list[list[Any]]:
     """The messages forwarded at each step, checked on the way. ``body_bytes``: each turn
-    knows its body's size, so requests far below the watermarks are not counted."""
+    knows its body's size, so requests far below the watermarks are not counted.
+    ``engine_counts``: each reply reports usage, an engine's count of the prompt (the
+    estimate's own, so the ratio stays 1), which bounds the next request without counting."""
     forwarded: list[list[Any]] = []
     overrides = {"upstream": "http://engine", "context_limit": limit, "summary_wait": 0}
     settings_ = config.load({**overrides, "elide_min_tokens": 120}, environ={})
@@ -146,6 +149,10 @@ async def replay(
             messages[length] if length < len(messages) else {"role": "assistant", "content": "ok"}
         )
         exchange.status, exchange.reply = 200, reply
+        if engine_counts:
+            prompt = sum(SIZER.message(m) for m in out)
+            completion = SIZER.message(reply) - PER_MESSAGE
+            exchange.usage = {"prompt_tokens": prompt, "completion_tokens": completion}
         await tracker.close(turn, exchange)
         running = compactor.summaries.running()
         if running and finish[step % len(finish)]:
@@ -170,5 +177,53 @@ def test_compaction_invariants(messages: list[dict[str, Any]], finish: list[bool
     # Requests that cannot reach the soft watermark by their size are not counted: the
     # same requests go out (issue 16's shortcut against the full path).
     assert asyncio.run(replay(messages, finish, body_bytes=True)) == first
+    # Nor are those the engine's count of the last exchange shows below it (against the
+    # full path with the same counts reported: they calibrate the estimate).
+    counted = asyncio.run(replay(messages, finish, engine_counts=True))
+    assert asyncio.run(replay(messages, finish, body_bytes=True, engine_counts=True)) == counted
     roomy = asyncio.run(replay(messages, finish, limit=4 * LIMIT))  # where most are not
     assert asyncio.run(replay(messages, finish, body_bytes=True, limit=4 * LIMIT)) == roomy
+    counted = asyncio.run(replay(messages, finish, engine_counts=True, limit=4 * LIMIT))
+    shortcut = replay(messages, finish, body_bytes=True, engine_counts=True, limit=4 * LIMIT)
+    assert asyncio.run(shortcut) == counted
+
+
+def test_the_engine_s_count_calibrates_against_the_messages_that_step_forwarded() -> None:
+    """A step that compacts nothing ("nothing gained") forwards its view; the engine's
+    count of it must be compared with that view's estimate, not with an earlier step's
+    (which made the estimate 3x too high here, and the next request was cut far below
+    the high watermark's need: found by hypothesis)."""
+
+    def results(call: str, sizes: list[int]) -> list[dict[str, Any]]:
+        calls = [
+            {
+                "id": f"{call}_{k}",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": "{}"},
+            }
+            for k in range(len(sizes))
+        ]
+        items = [" ".join(f"item{k} price {k}.99" for k in range(n)) for n in sizes]
+        return [
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            *(
+                {"role": "tool", "tool_call_id": c["id"], "content": t}
+                for c, t in zip(calls, items, strict=True)
+            ),
+        ]
+
+    done, next_ = {"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}
+    messages = [
+        {"role": "system", "content": "You are a booking agent. " * 17},
+        {"role": "user", "content": "help"},
+        done,
+        next_,
+        *results("c1_0", [55]),
+        done,
+        next_,
+        *results("c2_0", [27, 120]),
+        *results("c2_1", [37]),
+        done,
+        next_,
+    ]
+    asyncio.run(replay(messages, [False], engine_counts=True))  # checks the bound each step
