@@ -39,6 +39,17 @@ def tools_digest(tools: Any) -> bytes:
     return tool_forms.forms(tools).digest
 
 
+def matched_messages(chain: Sequence[bytes], before: Sequence[bytes]) -> int:
+    """How many leading messages of two exact chains are equal (a chain: the first
+    difference ends it)."""
+    matched = 0
+    for now, then in zip(chain, before, strict=False):
+        if now != then:
+            break
+        matched += 1
+    return matched
+
+
 def classify(
     session: Session | None,
     messages: Sequence[Any],
@@ -49,11 +60,7 @@ def classify(
     if session is None or not session.last_chain:
         return Continuity("new_session", 0, 0)
     chain = exact_chain(messages) if chain is None else chain
-    matched = 0
-    for now, before in zip(chain, session.last_chain, strict=False):
-        if now != before:
-            break
-        matched += 1
+    matched = matched_messages(chain, session.last_chain)
     previous = session.last_prompt_tokens + session.last_completion_tokens
     if tools_digest(tools) != session.last_tools:
         return Continuity("tools_changed", matched, 0)

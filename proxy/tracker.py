@@ -83,6 +83,16 @@ class Turn:
     def __post_init__(self) -> None:
         if not self.lookup_keys:
             self.lookup_keys = self.keys
+        self._chained: tuple[list[Any], list[bytes]] | None = None
+
+    def exact_chain(self, messages: list[Any]) -> list[bytes]:
+        """``exact_chain`` of ``messages`` (this request's forwarded messages), worked out
+        once per list: compaction reads it before the tracker records it."""
+        if self._chained is not None and self._chained[0] is messages:
+            return self._chained[1]
+        chain = exact_chain(messages, self.memo)
+        self._chained = (messages, chain)
+        return chain
 
 
 class ReplyListener(Protocol):
@@ -317,7 +327,7 @@ class SessionTracker:
             exchange.prefix_break = "engine_history"
             return
         try:
-            turn.forwarded_chain = exact_chain(turn.forwarded_messages, turn.memo)
+            turn.forwarded_chain = turn.exact_chain(turn.forwarded_messages)
             continuity = prefix.classify(
                 turn.session, turn.forwarded_messages, turn.tools, turn.forwarded_chain
             )

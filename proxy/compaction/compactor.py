@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from proxy import jsonio
+from proxy import jsonio, prefix
 from proxy.compaction.budget import PER_MESSAGE, Budget, ContextLimits, Sizer
 from proxy.compaction.planner import Planner, Snapshot, Summary
 from proxy.compaction.state import Compaction, View, find_cut
@@ -327,7 +327,30 @@ def _far_below(
     bound = turn.body_bytes + replaced + REWRITE_MARGIN + len(messages) * PER_MESSAGE
     if bound * max(state.ratio, 1.0) <= budget.soft:
         return True
+    if _below_by_engine_count(state, turn, messages, budget, tools):
+        return True
     return _counted_far_below(state, turn.keys, messages, budget, sizer, tools)
+
+
+def _below_by_engine_count(
+    state: Compaction, turn: Turn, messages: list[Any], budget: Budget, tools: Any
+) -> bool:
+    """The same bound from the engine's own count: the messages this request shares with
+    the session's last exchange (its forwarded messages and reply, by exact hash chain;
+    with the same tools) are at most that exchange's prompt and completion tokens as the
+    engine reported them, and the rest is bounded by its bytes. A long session's step so
+    needs no tokenizer until its prompt nears the watermark (counting the new messages
+    of a 1 MB history cost a third of a step, tests/benchmarks/overhead.py)."""
+    session = turn.session
+    if not session.last_prompt_tokens or not session.last_chain:
+        return False
+    if prefix.tools_digest(tools) != session.last_tools:
+        return False
+    shared = prefix.matched_messages(turn.exact_chain(messages), session.last_chain)
+    added = sum(_utf8_bytes(m) + PER_MESSAGE for m in messages[shared:])
+    added += REWRITE_MARGIN  # what a rewrite may add to the new messages
+    engine = session.last_prompt_tokens + session.last_completion_tokens
+    return engine + added * max(state.ratio, 1.0) <= budget.soft
 
 
 def _counted_far_below(

@@ -67,6 +67,7 @@ def request_body(stream: bool) -> bytes:
 
 SIZES = {"2msg": 0, "64k": 64 << 10, "256k": 256 << 10, "1m": 1 << 20}
 STEPS_PER_SESSION = 16  # requests of one session before a worker starts a new one
+BYTES_PER_TOKEN = 2.8  # as o200k counts these tool results: the prompt count usage reports
 
 
 class AgentSessions:
@@ -328,7 +329,10 @@ def serve_upstream(port: int) -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # before FakeUpstream makes a loop
     # A context of 1M tokens, as long-context models serve agents: the biggest sessions
     # measured (1 MB, about 300k tokens) fit, so compaction is planned but never needed.
-    upstream = FakeUpstream(port=port, record=False, max_model_len=1 << 20)
+    # Usage counts the prompt as an engine would (BYTES_PER_TOKEN).
+    upstream = FakeUpstream(
+        port=port, record=False, max_model_len=1 << 20, bytes_per_token=BYTES_PER_TOKEN
+    )
     with upstream, contextlib.suppress(KeyboardInterrupt):
         print(upstream.url, flush=True)
         signal.pause()

@@ -69,14 +69,27 @@ def chunk(
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-def stream_events(include_usage: bool) -> list[bytes]:
+def usage_of(prompt_tokens: int | None) -> dict:
+    """USAGE, with ``prompt_tokens`` in place of its 40 (and no more cached than that)."""
+    if prompt_tokens is None:
+        return USAGE
+    cached = min(USAGE["prompt_tokens_details"]["cached_tokens"], prompt_tokens)
+    return {
+        **USAGE,
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + USAGE["completion_tokens"],
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def stream_events(include_usage: bool, prompt_tokens: int | None = None) -> list[bytes]:
     """What vLLM sends: the fingerprint goes on the terminal chunk, or on the usage chunk
     when usage was asked for."""
     events = [chunk({"role": "assistant", "content": ""})]
     events += [chunk({"content": word}) for word in WORDS]
     events.append(chunk({}, finish="stop", fingerprint=not include_usage))
     if include_usage:
-        events.append(chunk(None, usage=USAGE, fingerprint=True))
+        events.append(chunk(None, usage=usage_of(prompt_tokens), fingerprint=True))
     events.append(b"data: [DONE]\n\n")
     return events
 
@@ -112,7 +125,7 @@ def responses_events() -> list[bytes]:
     return events
 
 
-def completion_body() -> bytes:
+def completion_body(prompt_tokens: int | None = None) -> bytes:
     return json.dumps(
         {
             "id": "chatcmpl-fake",
@@ -126,7 +139,7 @@ def completion_body() -> bytes:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": USAGE,
+            "usage": usage_of(prompt_tokens),
         }
     ).encode()
 
@@ -141,8 +154,12 @@ class FakeUpstream:
         port: int = 0,
         record: bool = True,
         max_model_len: int = 8192,
+        bytes_per_token: float = 0.0,
     ) -> None:
         self.token_delay = token_delay
+        # Set: usage reports a prompt of the request body's bytes / this many tokens (a
+        # long session's count grows as a real engine's does), instead of 40.
+        self.bytes_per_token = bytes_per_token
         self.max_model_len = max_model_len  # the context /v1/models reports
         self.port = port  # 0: any free port
         self.record = record
@@ -266,15 +283,18 @@ class FakeUpstream:
             await _send(writer, 200, "application/json", b"{}")
             return True
         payload = json.loads(request.body or b"{}")
+        prompt_tokens = None
+        if self.bytes_per_token:
+            prompt_tokens = int(len(request.body) / self.bytes_per_token)
         if not payload.get("stream"):
-            await _send(writer, 200, "application/json", completion_body())
+            await _send(writer, 200, "application/json", completion_body(prompt_tokens))
             return True
         include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
         if fault.startswith("tokens-"):
             await self._send_long_stream(writer, int(fault.removeprefix("tokens-")))
             return True
         responses = request.path.startswith("/v1/responses")
-        events = responses_events() if responses else stream_events(include_usage)
+        events = responses_events() if responses else stream_events(include_usage, prompt_tokens)
         if self.record:
             self.sent_events.append(events)
         writer.write(
