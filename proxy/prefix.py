@@ -10,7 +10,15 @@ from typing import Any
 
 from proxy import tool_forms
 from proxy.sessions import Session
-from proxy.transcript import Mask, Memo, chain_keys, exact_chain, exact_chain_after, next_key
+from proxy.transcript import (
+    Mask,
+    Memo,
+    chain_keys,
+    exact_chain,
+    exact_chain_after,
+    matched_messages,
+    next_key,
+)
 
 REASONS = (
     "new_session",
@@ -37,17 +45,6 @@ class Continuity:
 
 def tools_digest(tools: Any) -> bytes:
     return tool_forms.forms(tools).digest
-
-
-def matched_messages(chain: Sequence[bytes], before: Sequence[bytes]) -> int:
-    """How many leading messages of two exact chains are equal (a chain: the first
-    difference ends it)."""
-    matched = 0
-    for now, then in zip(chain, before, strict=False):
-        if now != then:
-            break
-        matched += 1
-    return matched
 
 
 def classify(

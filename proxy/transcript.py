@@ -290,6 +290,17 @@ def chain_keys(
     return keys
 
 
+def matched_messages(chain: Sequence[bytes], before: Sequence[bytes]) -> int:
+    """How many leading messages of two chains are equal (a chain: the first difference
+    ends it)."""
+    matched = 0
+    for now, then in zip(chain, before, strict=False):
+        if now != then:
+            break
+        matched += 1
+    return matched
+
+
 def next_key(
     previous: bytes | None, message: Any, mask: Mask | None = None, memo: Memo | None = None
 ) -> bytes:

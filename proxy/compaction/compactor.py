@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from proxy import jsonio, prefix
+from proxy import jsonio, tool_forms
 from proxy.compaction.budget import PER_MESSAGE, Budget, ContextLimits, Sizer
 from proxy.compaction.planner import Planner, Snapshot, Summary
 from proxy.compaction.state import Compaction, View, find_cut
@@ -35,7 +35,7 @@ from proxy.compaction.summaries import Pending, Summaries
 from proxy.config import Settings
 from proxy.exchange import Exchange, token_counts
 from proxy.metrics import Metrics
-from proxy.transcript import Mask, next_key
+from proxy.transcript import Mask, matched_messages, next_key
 from proxy.upstream import RawHeaders, Upstream
 
 if TYPE_CHECKING:
@@ -344,9 +344,9 @@ def _below_by_engine_count(
     session = turn.session
     if not session.last_prompt_tokens or not session.last_chain:
         return False
-    if prefix.tools_digest(tools) != session.last_tools:
+    if tool_forms.forms(tools).digest != session.last_tools:
         return False
-    shared = prefix.matched_messages(turn.exact_chain(messages), session.last_chain)
+    shared = matched_messages(turn.exact_chain(messages), session.last_chain)
     added = sum(_utf8_bytes(m) + PER_MESSAGE for m in messages[shared:])
     added += REWRITE_MARGIN  # what a rewrite may add to the new messages
     engine = session.last_prompt_tokens + session.last_completion_tokens
