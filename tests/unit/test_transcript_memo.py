@@ -7,14 +7,23 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy import jsonio
 from proxy.replay import traces
 from proxy.replay.profiles import Prompt, mixed, varied_clocks
 from proxy.rewrite.volatile import DEFAULT_DETECTOR
-from proxy.transcript import Known, Memo, chain_keys, exact_chain, normal_digest
+from proxy.transcript import (
+    FLAT_MIN,
+    Known,
+    Memo,
+    chain_keys,
+    exact_chain,
+    exact_digest,
+    normal_digest,
+    normal_form,
+)
 from tests.support.conversations import conversations
 from tests.support.stores import CodecStore
 from tests.unit.test_sessions import Proxy
@@ -143,3 +152,42 @@ def test_the_session_path_forwards_the_same_bytes_with_memos_and_without() -> No
         with_memos = replay(1 << 17, profile, conversations)
         assert with_memos == replay(0, profile, conversations)
         assert len(with_memos) > 40
+
+
+field_values = st.one_of(
+    st.none(),
+    st.text("~1:ab", max_size=3),  # the flat encoding's own framing, to confuse it
+    st.sampled_from(["null", "é"]),
+    st.integers(0, 2),
+    st.booleans(),
+    st.lists(st.text(max_size=2), max_size=2),
+)
+
+
+@st.composite
+def messages_around_the_flat_size(draw: st.DrawFn) -> dict[str, Any]:
+    """Messages whose content is a string near FLAT_MIN (either encoding), with fields of
+    every JSON kind, and names and values made of the flat encoding's own framing."""
+    size = draw(st.sampled_from([0, FLAT_MIN - 1, FLAT_MIN, FLAT_MIN + 7]))
+    message: dict[str, Any] = {"content": draw(st.sampled_from('ab"\\é')) * size}
+    keys = st.sampled_from(["role", "name", "tool_call_id"]) | st.text("~1:ab", max_size=3)
+    message.update(draw(st.dictionaries(keys, field_values, max_size=3)))
+    return message
+
+
+@settings(max_examples=300)
+@given(messages_around_the_flat_size(), messages_around_the_flat_size())
+# Fields whose strings run together the same way: "a" + "b~" and "ab" + null (~).
+@example({"content": "x" * FLAT_MIN, "a": "b~"}, {"content": "x" * FLAT_MIN, "ab": None})
+def test_digests_are_equal_exactly_for_equal_json(first: Any, second: Any) -> None:
+    """Whichever encoding a message's digest takes (its fields past FLAT_MIN, canonical
+    JSON below it): key order aside, equal JSON gives equal digests, and different JSON
+    different ones; the normal form's digest likewise."""
+    same = jsonio.dumps_canonical(first) == jsonio.dumps_canonical(second)
+    assert (exact_digest(first) == exact_digest(second)) == same
+    reordered = dict(reversed(list(first.items())))
+    assert exact_digest(reordered) == exact_digest(first)
+    forms_equal = jsonio.dumps_canonical(normal_form(first)) == jsonio.dumps_canonical(
+        normal_form(second)
+    )
+    assert (normal_digest(first) == normal_digest(second)) == forms_equal
