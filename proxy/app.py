@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
-from proxy import tokens
+from proxy import heap, tokens
 from proxy.batching import RoundTrips
 from proxy.bodies import INPUT, BodyCache
 from proxy.call import Services
@@ -187,8 +187,10 @@ def create_app(
         with contextlib.suppress(TimeoutError):  # else the name itself until the next try
             await engines.resolve()
         probing = asyncio.create_task(engines.run(_prober(upstream)))
+        trimming = asyncio.create_task(heap.trim_every())
         yield
         probing.cancel()
+        trimming.cancel()
         if metrics_server is not None:
             metrics_server.shutdown()
         if compactor is not None:

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import uvloop
 
+from proxy import heap
 from proxy.background import free_port, spawn, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -428,6 +430,18 @@ def resident_mb(pid: int | None) -> float | None:
     return None
 
 
+def body_cache_mb(url: str) -> float | None:
+    """What a proxy's /metrics says its kept request bodies hold, MB (None: not a proxy)."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("prefill_proxy_body_cache_bytes "):
+            return float(line.split()[1]) / 1e6
+    return None
+
+
 def report(args: argparse.Namespace, env: dict[str, Any], rows: list[dict]) -> None:
     print(f"\n#### Proxy overhead, {env['date']}: {env['cores']} cores, Python {env['python']}\n")
     print(
@@ -443,9 +457,13 @@ def report(args: argparse.Namespace, env: dict[str, Any], rows: list[dict]) -> N
         if any(r["target"] == reference for r in rows):
             print(f"\n**proxy against the {reference}**\n")
             print(compared(rows, reference), flush=True)
-    if memory := env.get("resident_mb"):
-        figures = ", ".join(f"{k} {v:.0f} MB" for k, v in memory.items())
-        print(f"\nresident memory after the run: {figures}")
+    for key, what in (
+        ("resident_mb", "resident memory after the run"),
+        ("idle_resident_mb", f"resident memory {heap.TRIM_INTERVAL_S + 1:.0f} s later, idle"),
+        ("body_cache_mb", "request bodies kept (prefill_proxy_body_cache_bytes)"),
+    ):
+        if figures := env.get(key):
+            print(f"\n{what}: " + ", ".join(f"{k} {v:.0f} MB" for k, v in figures.items()))
     if args.json:
         options = {k: str(v) for k, v in vars(args).items()}
         figures = {"environment": env, "options": options, "rows": rows}
@@ -498,6 +516,11 @@ def main() -> int:
         rows = uvloop.run(measure(args, direct, others))
         memory = {t.name: resident_mb(t.pid) for t in others}
         env["resident_mb"] = {k: v for k, v in memory.items() if v is not None}
+        kept = {t.name: body_cache_mb(t.url) for t in others}
+        env["body_cache_mb"] = {k: v for k, v in kept.items() if v is not None}
+        time.sleep(heap.TRIM_INTERVAL_S + 1)  # the proxies' next heap trim (proxy.heap)
+        memory = {t.name: resident_mb(t.pid) for t in others}
+        env["idle_resident_mb"] = {k: v for k, v in memory.items() if v is not None}
     report(args, env, rows)
     return 0
 
