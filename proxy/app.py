@@ -176,9 +176,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tokens.provision(settings.tiktoken_cache_dir)
-        if compactor is not None:  # load the encoding now, not on a request
-            compactor.sizer.message({"role": "user", "content": "warm"})
+        tokens.provision(settings.tiktoken_cache_dir)  # the encoding loads when first needed
         metrics_server = serve_metrics(settings, registry)
         # What start-up built lives as long as the process: out of the collector's sight,
         # a full collection walks the requests' objects alone (26 ms -> 3.5 ms per full

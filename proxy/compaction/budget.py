@@ -104,6 +104,13 @@ class Sizer:
         # them (9 KB for 14 tools) was the largest per-request cost of a small step.
         self._tools: collections.OrderedDict[bytes, int] = collections.OrderedDict()
 
+    async def ready(self) -> None:
+        """The counter built, off the event loop where it is built on first use
+        (tokens.Lazy)."""
+        load = getattr(self._counter, "load", None)
+        if load is not None:
+            await load()
+
     def message(self, message: Any) -> int:
         if not isinstance(message, dict):
             return PER_MESSAGE

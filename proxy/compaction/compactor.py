@@ -122,7 +122,12 @@ class Compactor:
         # What this step forwards, counted (the reply's count calibrates the estimate with
         # it); stays 0 where it was not counted or is not what goes out.
         state.last_estimate = 0
-        if _far_below(state, turn, messages, budget, self.planner.sizer, request.get("tools")):
+        sizer, tools = self.planner.sizer, request.get("tools")
+        shortcut = _may_skip(state, turn, messages)
+        if shortcut and _bounded_below(state, turn, messages, budget, tools):
+            return request  # nothing to count
+        await sizer.ready()
+        if shortcut and _counted_far_below(state, turn.keys, messages, budget, sizer, tools):
             return request
         snap = self.planner.snapshot(messages, turn.keys, state, request.get("tools"))
         cut = find_cut(state, snap.keys)
@@ -308,28 +313,30 @@ REWRITE_MARGIN = 512
 COUNTED_HEADROOM = 0.8
 
 
-def _far_below(
-    state: Compaction, turn: Turn, messages: list[Any], budget: Budget, sizer: Sizer, tools: Any
-) -> bool:
-    """Whether this request cannot reach the soft watermark, by a bound that needs little
-    or no tokenizer: a token is at least one byte, so the estimate is at most the client's
-    body in bytes, plus the bytes of each message the rewrites replaced (a restored reply,
-    a message that carries a note), plus each message's framing. Then nothing is counted
-    (tiktoken counts about 18 MB/s: most of a big request's cost; its encoding is 77 MB
-    of memory), and the request goes on as it would after counting. Not for a session
-    with something folded or elided: its view must be applied."""
+def _may_skip(state: Compaction, turn: Turn, messages: list[Any]) -> bool:
+    """Whether a bound may show this request cannot reach the soft watermark, so that it
+    goes on as it would after counting. Not for a session with something folded or
+    elided (its view must be applied), nor without the body's size."""
     if state.cut_key is not None or state.elided or state.unreported or not turn.body_bytes:
         return False
+    return len(turn.client_messages) == len(messages) and len(turn.keys) == len(messages)
+
+
+def _bounded_below(
+    state: Compaction, turn: Turn, messages: list[Any], budget: Budget, tools: Any
+) -> bool:
+    """Under the soft watermark by a bound that needs no tokenizer: a token is at least
+    one byte, so the estimate is at most the client's body in bytes, plus the bytes of
+    each message the rewrites replaced (a restored reply, a message that carries a note),
+    plus each message's framing; or by the engine's count of the last exchange. Counting
+    (tiktoken about 18 MB/s, the bpe crate 1.4-2.5x that) was most of a big request's
+    cost, and a proxy that never counts never loads the encoding (tokens.Lazy)."""
     client = turn.client_messages
-    if len(client) != len(messages) or len(turn.keys) != len(messages):
-        return False
     replaced = sum(_utf8_bytes(m) for m, c in zip(messages, client, strict=True) if m is not c)
     bound = turn.body_bytes + replaced + REWRITE_MARGIN + len(messages) * PER_MESSAGE
     if bound * max(state.ratio, 1.0) <= budget.soft:
         return True
-    if _below_by_engine_count(state, turn, messages, budget, tools):
-        return True
-    return _counted_far_below(state, turn.keys, messages, budget, sizer, tools)
+    return _below_by_engine_count(state, turn, messages, budget, tools)
 
 
 def _below_by_engine_count(

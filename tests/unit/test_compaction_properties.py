@@ -92,6 +92,7 @@ async def replay(
     body_bytes: bool = False,
     engine_counts: bool = False,
     limit: int = LIMIT,
+    sizer: Sizer = SIZER,
 ) -> list[list[Any]]:
     """The messages forwarded at each step, checked on the way. ``body_bytes``: each turn
     knows its body's size, so requests far below the watermarks are not counted.
@@ -105,7 +106,7 @@ async def replay(
     detector = VolatileDetector(())
     tracker = SessionTracker(store if store is not None else MemoryStore(10, 60), detector, metrics)
     compactor = Compactor(
-        settings_, upstream, metrics, sizer=SIZER, mask=detector.key, post=tracker.post
+        settings_, upstream, metrics, sizer=sizer, mask=detector.key, post=tracker.post
     )
     tracker.listeners = [compactor]
     high = int(limit * settings_.compaction_high)
@@ -137,7 +138,7 @@ async def replay(
         elif not exchange.compaction and previous is not None:
             assert out[: len(previous)] == previous  # between events: grows at its end only
         forwarded.append(out)
-        sizes = [compactor.sizer.message(m) for m in out]
+        sizes = [SIZER.message(m) for m in out]  # the test's own counts
         # Bounded: under the high watermark unless head + stand-in + newest turn is not.
         kept = len(out) - (length - newest)
         floor = sum(sizes[:head]) + SHORTEST_STAND_IN + sum(sizes[kept:])
@@ -227,3 +228,44 @@ def test_the_engine_s_count_calibrates_against_the_messages_that_step_forwarded(
         next_,
     ]
     asyncio.run(replay(messages, [False], engine_counts=True))  # checks the bound each step
+
+
+def test_sessions_far_below_the_watermarks_never_load_the_encoding() -> None:
+    """A body's bytes, then the engine's count of the last exchange, bound every step of
+    a session under a roomy limit: the 125 MB encoding is never built (tokens.Lazy); the
+    same session under a tight limit needs counts, and gets them."""
+    session = [
+        {"role": "system", "content": "You are a booking agent."},
+        {"role": "user", "content": "help"},
+        *(m for turn in range(6) for m in _tool_round(f"c{turn}", 40)),
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "next"},
+    ]
+    roomy = tokens.Lazy()
+    asyncio.run(
+        replay(
+            session,
+            [True],
+            body_bytes=True,
+            engine_counts=True,
+            limit=40 * LIMIT,
+            sizer=Sizer(roomy),
+        )
+    )
+    assert not roomy.loaded
+    tight = tokens.Lazy()
+    asyncio.run(replay(session, [True], body_bytes=True, engine_counts=True, sizer=Sizer(tight)))
+    assert tight.loaded
+
+
+def _tool_round(call: str, rows: int) -> list[dict[str, Any]]:
+    function = {"name": "lookup", "arguments": "{}"}
+    content = " ".join(f"item{k} price {k}.99" for k in range(rows))
+    return [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": call, "type": "function", "function": function}],
+        },
+        {"role": "tool", "tool_call_id": call, "content": content},
+    ]

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -104,7 +106,7 @@ TEXT = st.lists(
     st.one_of(
         st.text(st.characters(exclude_categories=["Cs"]), max_size=40),
         st.sampled_from(["<|endoftext|>", "<|fim_prefix|>", "  \n\n\t", "1234567", "'s", "🌤️"]),
-        st.text("{}[]\":, 0123456789abcXYZ\n", max_size=60),
+        st.text('{}[]":, 0123456789abcXYZ\n', max_size=60),
     ),
     max_size=12,
 ).map("".join)
@@ -114,3 +116,27 @@ TEXT = st.lists(
 @given(TEXT, st.sampled_from(["o200k_base", "cl100k_base"]))
 def test_the_fast_counter_counts_as_tiktoken_does_on_any_text(text: str, name: str) -> None:
     assert tokens.counter(name).count(text) == tiktoken_count(name)(text)
+
+
+def test_the_encoding_is_built_once_in_a_thread_when_first_needed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built_in: list[int] = []
+    build = tokens.counter
+
+    def counted(encoding: str = tokens.DEFAULT_ENCODING) -> tokens.Counter:
+        built_in.append(threading.get_ident())
+        return build(encoding)
+
+    monkeypatch.setattr(tokens, "counter", counted)
+    lazy = tokens.Lazy()
+    assert not lazy.loaded
+
+    async def two_requests_at_once() -> None:
+        await asyncio.gather(lazy.load(), lazy.load())
+        await lazy.load()
+
+    asyncio.run(two_requests_at_once())
+    assert lazy.loaded and len(built_in) == 1
+    assert built_in[0] != threading.get_ident()  # not on the event loop's thread
+    assert lazy.count("hello world") == build().count("hello world")
