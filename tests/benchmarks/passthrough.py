@@ -67,6 +67,9 @@ def main() -> None:
         http="httptools",
         log_level="warning",
         access_log=False,
+        # As the proxy's: uvicorn's 5 s default closed connections the benchmark client
+        # kept idle through other targets' rounds, racing its next request on them.
+        timeout_keep_alive=65,
     )
 
 
