@@ -287,7 +287,8 @@ class ChatCall(Call):
         """The request as it goes upstream; the messages it passed on untouched as the
         client's bytes of them (proxy.splice)."""
         try:
-            return splice.encode(forwarded, self.payload.get("messages"), body, self.spans)
+            payload = self.payload
+            return splice.encode(forwarded, payload.get("messages"), body, self.spans, payload)
         except jsonio.InvalidJSON as exc:  # fail open: the client's own bytes go instead
             log.warning("cannot encode the rewritten request (%s); forwarding it as sent", exc)
             self.exchange.rewrite_failures += ("encode",)

@@ -22,6 +22,9 @@ import orjson
 
 from proxy import bodies, jsonio
 
+_MISSING = object()
+_SPACE = b" \t\n\r"
+
 # Below this, without the spans known, the whole encode costs less than a scan plus the
 # splice (the agent bodies of tests/benchmarks/overhead.py, best of 40: 64 KB 0.052 ms
 # whole, 0.057 spliced; 256 KB 0.258 against 0.151; 1 MB 1.047 against 0.520).
@@ -33,11 +36,15 @@ def encode(
     client_messages: Any,
     body: bytes,
     spans: Sequence[bodies.Span] | None = None,
+    client: dict[str, Any] | None = None,
 ) -> bytes:
     """``forwarded`` as JSON, its messages that are ``client_messages``' own objects as the
     client's bytes of them (``body``: the client's request, which ``client_messages`` were
-    parsed from; ``spans``: where each of them is in it, if known). Raises
-    jsonio.InvalidJSON as jsonio.dumps does."""
+    parsed from; ``spans``: where each of them is in it, if known). Where the rewrites
+    only added top-level fields to ``client`` (the parse of ``body``), the client's bytes
+    with those fields. Raises jsonio.InvalidJSON as jsonio.dumps does."""
+    if client is not None and (extended := _extended(forwarded, client, body)) is not None:
+        return extended
     messages = forwarded.get("messages")
     if not isinstance(messages, list) or not isinstance(client_messages, list):
         return jsonio.dumps(forwarded)
@@ -53,6 +60,44 @@ def encode(
         return orjson.dumps({**forwarded, "messages": spliced})
     except TypeError:  # what orjson cannot write (a huge integer, deep nesting): as before
         return jsonio.dumps(forwarded)
+
+
+def _extended(forwarded: dict[str, Any], client: dict[str, Any], body: bytes) -> bytes | None:
+    """``body`` with the fields ``forwarded`` adds written before its closing brace, where
+    every field of ``client`` is still its own object (its messages may be a new list of
+    the same objects): a request the rewrites only asked ``parallel_tool_calls`` or
+    ``stream_options`` of goes as the client's bytes plus those, with no encode of its
+    history. None where anything else changed."""
+    for key, value in client.items():
+        now = forwarded.get(key, _MISSING)
+        if now is not value and not (key == "messages" and _same_objects(now, value)):
+            return None
+    end = len(body)
+    while end and body[end - 1] in _SPACE:
+        end -= 1
+    if not end or body[end - 1] != ord("}"):
+        return None
+    try:
+        added = [
+            orjson.dumps(key) + b":" + orjson.dumps(value)
+            for key, value in forwarded.items()
+            if key not in client
+        ]
+    except TypeError:  # what orjson cannot write: the encode path decides
+        return None
+    if not added:
+        return body
+    head = memoryview(body)[: end - 1]  # one copy of the client's bytes, in the join
+    return b"".join((head, b"," if client else b"", b",".join(added), b"}"))
+
+
+def _same_objects(now: Any, before: Any) -> bool:
+    return (
+        isinstance(now, list)
+        and isinstance(before, list)
+        and len(now) == len(before)
+        and all(a is b for a, b in zip(now, before, strict=True))
+    )
 
 
 def _pieces(

@@ -96,3 +96,42 @@ def test_messages_that_are_not_the_clients_objects_are_encoded() -> None:
     client = jsonio.loads(body)
     forwarded = {**client, "messages": [dict(client["messages"][0])]}
     assert splice.encode(forwarded, client["messages"], body) == jsonio.dumps(forwarded)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    conversations(),
+    st.sampled_from(STYLES),
+    st.dictionaries(
+        st.sampled_from(["parallel_tool_calls", "stream_options", "model", "é", 'a"b']),
+        st.one_of(st.booleans(), st.none(), st.just({"include_usage": True}), st.text()),
+        max_size=3,
+    ),
+    st.booleans(),
+)
+def test_fields_added_to_the_clients_request_go_after_its_own_bytes(
+    messages: list[Any], style: dict[str, Any], fields: dict[str, Any], copied: bool
+) -> None:
+    """Only top-level fields added (the messages the client's objects, in the client's
+    list or a copy of it): the client's bytes, then the new fields, parsing as the whole
+    encode. A field the client had, given another value: the encode path, same parse."""
+    request = {"model": "m", "messages": messages}
+    body = body_of(request, style) + b"\n"
+    client = jsonio.loads(body)
+    listed = list(client["messages"]) if copied else client["messages"]
+    forwarded = {**client, "messages": listed, **fields}
+    spliced = splice.encode(forwarded, client["messages"], body, client=client)
+    assert same(spliced, jsonio.dumps(forwarded))
+    new = {key for key in fields if key not in client}
+    if "model" not in fields or fields["model"] is client["model"]:
+        own = body.rstrip()[:-1]
+        assert spliced.startswith(own) and (new or spliced == body)
+
+
+def test_a_client_field_given_another_value_is_not_written_twice() -> None:
+    body = b'{"model":"m","messages":[],"parallel_tool_calls":false}'
+    client = jsonio.loads(body)
+    forwarded = {**client, "parallel_tool_calls": True}
+    spliced = splice.encode(forwarded, client["messages"], body, client=client)
+    assert spliced.count(b"parallel_tool_calls") == 1
+    assert jsonio.loads(spliced) == forwarded
