@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import jsonio, splice
+from proxy import bodies, jsonio, splice
 from tests.support.conversations import conversations
 
 # How clients write JSON: compact, Python's default spacing, indented, ASCII escapes.
@@ -135,3 +135,27 @@ def test_a_client_field_given_another_value_is_not_written_twice() -> None:
     spliced = splice.encode(forwarded, client["messages"], body, client=client)
     assert spliced.count(b"parallel_tool_calls") == 1
     assert jsonio.loads(spliced) == forwarded
+
+
+@settings(max_examples=200, deadline=None)
+@given(conversations(), st.sampled_from(STYLES), st.booleans())
+def test_other_fields_changed_around_the_clients_messages(
+    messages: list[Any], style: dict[str, Any], copied: bool
+) -> None:
+    """The messages all the client's (its list or a copy), other fields changed (tools
+    put in order, one dropped, one added), the spans known: it parses as the whole encode,
+    and the messages array is the client's bytes of it."""
+    tools = [{"type": "function", "function": {"name": n}} for n in ("b", "a")]
+    request = {"tools": tools, "model": "m", "messages": messages, "user": "u"}
+    body = body_of(request, style)
+    client = jsonio.loads(body)
+    found = bodies.message_spans(body)
+    assert found is not None
+    spans = found[1]
+    listed = list(client["messages"]) if copied else client["messages"]
+    forwarded = {"tools": tools[::-1], "model": "m", "messages": listed, "seed": 1}
+    spliced = splice.encode(forwarded, client["messages"], body, spans, client)
+    assert same(spliced, jsonio.dumps(forwarded))
+    if spans:
+        assert body[spans[0][0] : spans[-1][1]] in spliced
+    assert list(jsonio.loads(spliced)) == list(forwarded)  # the forwarded field order
