@@ -5,18 +5,18 @@ messages, of which a rewrite replaces one or two). Encoding all of it again is t
 cost of a big request that was rewritten (0.9 ms at 1 MB, tests/benchmarks/overhead.py);
 the client's bytes of each untouched message are already valid JSON of the same value. So
 the messages of the forwarded request that are the client's own objects (the transforms
-never change a message in place, they replace it) go as the client's bytes, and the rest
-is encoded as before. Where each message's bytes are is known when the body was parsed as
-the continuation of an earlier one (proxy.bodies); otherwise a big body is scanned for
-them (msgspec's ``Raw``). What reaches the engine parses to the same request as the whole
-encode; only the client's spacing and escapes are kept in the untouched messages. Pure:
-no I/O.
+never change a message in place, they replace it) go as the client's bytes, each run of
+consecutive ones as one slice of the body, joined with the rest, encoded: the history is
+copied once. Where each message's bytes are is known when the body was parsed as the
+continuation of an earlier one (proxy.bodies); otherwise a big body is scanned for them
+(``bodies.message_spans``). What reaches the engine parses to the same request as the
+whole encode; only the client's spacing and escapes are kept in and between the untouched
+messages, and it is the same bytes whichever way the spans were found. Pure: no I/O.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -49,23 +49,13 @@ def encode(
     messages = forwarded.get("messages")
     if not isinstance(messages, list) or not isinstance(client_messages, list):
         return jsonio.dumps(forwarded)
-    if (
-        spans is not None
-        and len(spans) == len(messages)
-        and _same_objects(messages, client_messages)
-    ):
-        with contextlib.suppress(TypeError):  # what orjson cannot write: as below
-            return _around_messages(forwarded, body, spans)
-    piece = _pieces(body, len(client_messages), spans)
-    if piece is None:
+    if spans is None and len(body) >= MIN_BYTES:
+        found = bodies.message_spans(body)
+        spans = None if found is None else found[1]
+    if spans is None or len(spans) != len(client_messages):
         return jsonio.dumps(forwarded)
-    index = {id(message): n for n, message in enumerate(client_messages)}
-    spliced = [
-        orjson.Fragment(piece(n)) if (n := index.get(id(message))) is not None else message
-        for message in messages
-    ]
     try:
-        return orjson.dumps({**forwarded, "messages": spliced})
+        return _joined(forwarded, messages, client_messages, body, spans)
     except TypeError:  # what orjson cannot write (a huge integer, deep nesting): as before
         return jsonio.dumps(forwarded)
 
@@ -99,15 +89,42 @@ def _extended(forwarded: dict[str, Any], client: dict[str, Any], body: bytes) ->
     return b"".join((head, b"," if client else b"", b",".join(added), b"}"))
 
 
-def _around_messages(forwarded: dict[str, Any], body: bytes, spans: Sequence[bodies.Span]) -> bytes:
-    """``forwarded`` whose messages are all the client's, in order (``spans``: theirs in
-    ``body``): its other fields encoded (the canonical tools, a new parameter), and the
-    client's messages array copied once, as one run of its bytes."""
+def _joined(
+    forwarded: dict[str, Any],
+    messages: list[Any],
+    client_messages: list[Any],
+    body: bytes,
+    spans: Sequence[bodies.Span],
+) -> bytes:
+    """``forwarded`` with each run of consecutive client messages as one slice of ``body``
+    (``spans``: theirs in it), joined in without a copy before the one of the join; the
+    other messages and fields encoded. A history with a rewritten system prompt and one
+    message that carries a note is three runs and two encoded messages."""
+    index = {id(message): n for n, message in enumerate(client_messages)}
+    view = memoryview(body)
+    elements: list[bytes | memoryview] = []  # a run of client messages, or one encoded
+    first = last = -1  # the run being gathered
+    for message in messages:
+        n = index.get(id(message))
+        if n is not None and first >= 0 and n == last + 1:
+            last = n
+            continue
+        if first >= 0:
+            elements.append(view[spans[first][0] : spans[last][1]])
+        first = last = -1 if n is None else n
+        if n is None:
+            elements.append(orjson.dumps(message))
+    if first >= 0:
+        elements.append(view[spans[first][0] : spans[last][1]])
+    array: list[bytes | memoryview] = [b"["]
+    for element in elements:
+        array += (element, b",")
+    array[-1:] = [b"]"] if elements else [b"[", b"]"]
     parts: list[bytes | memoryview] = []
     for key, value in forwarded.items():
         parts += (b",", orjson.dumps(key), b":")
-        if key == "messages" and spans:
-            parts += (b"[", memoryview(body)[spans[0][0] : spans[-1][1]], b"]")
+        if key == "messages":
+            parts += array
         else:
             parts.append(orjson.dumps(value))
     parts[0] = b"{"
@@ -122,17 +139,3 @@ def _same_objects(now: Any, before: Any) -> bool:
         and len(now) == len(before)
         and all(a is b for a, b in zip(now, before, strict=True))
     )
-
-
-def _pieces(
-    body: bytes, count: int, spans: Sequence[bodies.Span] | None
-) -> Callable[[int], bytes] | None:
-    """The client's bytes of message n, or None where they are not known."""
-    if spans is not None and len(spans) == count:
-        return lambda n: body[spans[n][0] : spans[n][1]]
-    if len(body) < MIN_BYTES:
-        return None
-    raws = bodies.scan(body)
-    if raws is None or len(raws) != count:
-        return None
-    return lambda n: bytes(raws[n])
