@@ -26,9 +26,10 @@ from proxy import bodies, jsonio
 _MISSING = object()
 _SPACE = b" \t\n\r"
 
-# Below this, without the spans known, the whole encode costs less than a scan plus the
-# splice (the agent bodies of tests/benchmarks/overhead.py, best of 40: 64 KB 0.052 ms
-# whole, 0.057 spliced; 256 KB 0.258 against 0.151; 1 MB 1.047 against 0.520).
+# Below this, without the spans known, the whole encode costs less than finding them
+# (msgspec's scan, most of bodies.message_spans) plus the splice (the agent bodies of
+# tests/benchmarks/overhead.py, best of 40: 64 KB 0.052 ms whole, 0.057 spliced; 256 KB
+# 0.258 against 0.151; 1 MB 1.047 against 0.520; measured with the per-message splice).
 MIN_BYTES = 128 << 10
 
 
