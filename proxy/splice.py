@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from proxy import bodies, jsonio
+from proxy.transcript import same_objects
 
 _MISSING = object()
 _SPACE = b" \t\n\r"
@@ -69,7 +70,7 @@ def _extended(forwarded: dict[str, Any], client: dict[str, Any], body: bytes) ->
     history. None where anything else changed."""
     for key, value in client.items():
         now = forwarded.get(key, _MISSING)
-        if now is not value and not (key == "messages" and _same_objects(now, value)):
+        if now is not value and not (key == "messages" and _same_list(now, value)):
             return None
     end = len(body)
     while end and body[end - 1] in _SPACE:
@@ -88,6 +89,10 @@ def _extended(forwarded: dict[str, Any], client: dict[str, Any], body: bytes) ->
         return body
     head = memoryview(body)[: end - 1]  # one copy of the client's bytes, in the join
     return b"".join((head, b"," if client else b"", b",".join(added), b"}"))
+
+
+def _same_list(now: Any, before: Any) -> bool:
+    return isinstance(now, list) and isinstance(before, list) and same_objects(now, before)
 
 
 def _joined(
@@ -131,12 +136,3 @@ def _joined(
     parts[0] = b"{"
     parts.append(b"}")
     return b"".join(parts)
-
-
-def _same_objects(now: Any, before: Any) -> bool:
-    return (
-        isinstance(now, list)
-        and isinstance(before, list)
-        and len(now) == len(before)
-        and all(a is b for a, b in zip(now, before, strict=True))
-    )

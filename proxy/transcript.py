@@ -327,6 +327,12 @@ def chain_keys(
     return keys
 
 
+def same_objects(now: Sequence[Any], before: Sequence[Any]) -> bool:
+    """Whether two sequences hold the very same objects, in order (parsed values carried
+    from a request to the next are compared so, never by value)."""
+    return len(now) == len(before) and all(a is b for a, b in zip(now, before, strict=True))
+
+
 def matched_messages(chain: Sequence[bytes], before: Sequence[bytes]) -> int:
     """How many leading messages of two chains are equal (a chain: the first difference
     ends it)."""

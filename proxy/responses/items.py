@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from proxy import jsonio
+from proxy.transcript import same_objects
 
 SOURCE = "prefill_proxy_items"  # a message's items, as sent or as emitted
 INSTRUCTIONS = "instructions"  # SOURCE of the message made from ``instructions``
@@ -136,15 +137,11 @@ def _made(
     """``make(*sources)``, or the message it made from these very objects before (kept by
     the id of ``key``, the first of them: its entry holds them all alive)."""
     known = made.get(id(key))
-    if known is not None and _same_objects(known[0], sources):
+    if known is not None and same_objects(known[0], sources):
         return known[1]
     message = make(*sources)
     made[id(key)] = (sources, message)
     return message
-
-
-def _same_objects(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _instructions(instructions: str) -> dict[str, Any]:
