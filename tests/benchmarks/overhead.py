@@ -59,7 +59,9 @@ class Target:
     # Each closed-loop worker its own conversation (X-Session-Id), instead of every
     # request one and the same session.
     session_per_worker: bool = False
-    rounds: int = 0  # batches run against it so far
+    # Per cell: requests each worker has sent (its sessions go on from round to round).
+    sent: dict[int, int] = dataclasses.field(default_factory=dict)
+    cells: int = 0  # cells measured so far: a cell's workers start sessions of their own
 
 
 def request_body(stream: bool) -> bytes:
@@ -193,20 +195,20 @@ async def run_batch(
     sessions, else one small request)."""
     url, body, batch = target.url + CHAT, request_body(stream), Batch()
     remaining = count
-    target.rounds += 1
 
     async def worker(index: int) -> None:
         nonlocal remaining
         headers = {"content-type": "application/json"}
         if target.session_per_worker:
             headers["x-session-id"] = f"bench-{index}"
-        sent = 0
         while remaining > 0:
             remaining -= 1
-            # A worker's sessions are new in every round.
-            data = body if bodies is None else bodies.body(index + 1000 * target.rounds, sent)
+            # A worker's session goes on across the cell's rounds, as a client's would: a
+            # session's first request is one in STEPS_PER_SESSION at every concurrency.
+            sent = target.sent.get(index, 0)
+            target.sent[index] = sent + 1
+            data = body if bodies is None else bodies.body(index + 1000 * target.cells, sent)
             timed = bodies is None or sent % STEPS_PER_SESSION > 0
-            sent += 1
             await _one(session, url, data, stream, batch, headers, timed)
 
     cpu_before, started = _cpu_seconds(target.pid), time.perf_counter()
@@ -233,7 +235,8 @@ async def measure_cell(
     ]
     try:
         for target, session in pairs:
-            target.batches = []
+            target.batches, target.sent = [], {}
+            target.cells += 1
             warm = max(4 * concurrency, 100)
             await run_batch(session, target, stream, concurrency, warm, bodies)
         for index in range(rounds):
