@@ -189,7 +189,7 @@ class BodyCache:
             return Parsed(jsonio.loads(body))
         group = hash((credential, body[:HEAD].translate(_DIGITS)))
         members = self._groups.get(group, [])
-        parsed = None
+        parsed, goes_on = None, True
         for kept in reversed(members):  # appended to: one memcmp each
             if len(body) > len(kept.prefix) and body.startswith(kept.prefix):
                 parsed = self._extend(
@@ -198,11 +198,17 @@ class BodyCache:
                 break
         else:
             for kept in members[: -CHANGED_TRIES - 1 : -1]:  # one message changed
-                parsed = self._changed(kept, body)
-                if parsed is not None:
+                changed = self._changed(kept, body)
+                if changed is not None:
+                    parsed, index = changed
+                    goes_on = not _first_user_message(kept.messages, index)
                     break
         if parsed is not None:
-            self._drop(kept)  # its conversation goes on in this body
+            # Its conversation goes on in this body, unless this is another conversation
+            # (its first user message differs) that shares what follows: that one's own next
+            # step still continues the kept body.
+            if goes_on:
+                self._drop(kept)
             payload = parsed.payload
             known = kept.known.continued(payload[self.array.key], payload.values())
             parsed = dataclasses.replace(parsed, known=known)
@@ -255,8 +261,9 @@ class BodyCache:
         moved = [(start + shift, end + shift) for start, end in found[1:]]
         return Parsed(payload, [*spans, *moved], reused=len(messages), reused_bytes=cut)
 
-    def _changed(self, kept: _Kept, body: bytes) -> Parsed | None:
-        """``body`` as the kept one with one message changed and more appended, or None.
+    def _changed(self, kept: _Kept, body: bytes) -> tuple[Parsed, int] | None:
+        """``body`` as the kept one with one message changed and more appended, and the
+        changed message's index; or None.
         The kept messages after the changed one are found again within WINDOW bytes of
         where they were and checked byte for byte; the changed one is parsed alone, and
         parses to one whole element only where it was cut at its real end."""
@@ -268,9 +275,10 @@ class BodyCache:
         if index == len(spans) - 1:  # the last one: everything from it on is new
             if not index:
                 return None
-            return self._extend(
+            extended = self._extend(
                 kept.before, body, kept.messages[:index], spans[:index], spans[index - 1][1]
             )
+            return None if extended is None else (extended, index)
         after, end = spans[index + 1][0], spans[-1][1]
         needle = prefix[after : spans[index + 1][1]]
         found = body.find(needle, start + 1, after + WINDOW + len(needle))
@@ -294,9 +302,10 @@ class BodyCache:
         if parsed is None:
             return None
         parsed_bytes = changed_end - start
-        return dataclasses.replace(
+        reused = dataclasses.replace(
             parsed, reused=len(spans) - 1, reused_bytes=parsed.reused_bytes - parsed_bytes
         )
+        return reused, index
 
     def _keep(
         self, group: int, body: bytes, parsed: Parsed, before: tuple[tuple[str, Any], ...]
@@ -330,6 +339,18 @@ class BodyCache:
         members.remove(kept)
         if not members:
             del self._groups[kept.group]
+
+
+def _first_user_message(messages: list[Any], index: int) -> bool:
+    """Whether ``messages[index]`` is the first user message: what tells conversations
+    sharing a system prompt apart."""
+    return _role(messages[index]) == "user" and all(
+        _role(message) != "user" for message in messages[:index]
+    )
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, dict) else None
 
 
 def _same(body: bytes, prefix: memoryview, spans: list[Span]) -> int:

@@ -190,7 +190,9 @@ class Known:
         converted = {i: made for i, made in self.converted.items() if i in present}
         present.update(id(made[1]) for made in converted.values())
         hashes = {i: known for i, known in self.hashes.items() if i in present}
-        return Known(hashes, self.chains, converted)
+        # A copy: a chain taken from it is gone, and another conversation's request may
+        # continue the same body (proxy.bodies keeps it then).
+        return Known(hashes, dict(self.chains), converted)
 
 
 class Memo:

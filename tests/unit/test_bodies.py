@@ -152,6 +152,22 @@ def test_the_continued_messages_are_the_earlier_parse_s_objects() -> None:
     assert all(a is b for a, b in kept)
 
 
+def test_another_conversation_sharing_what_follows_leaves_the_kept_body() -> None:
+    # Two tasks on one system prompt whose next messages are the same bytes (a templated
+    # agent's first tool calls): the second is parsed as the first with its user message
+    # changed, and the first conversation's next step still continues its own body.
+    cache = BodyCache(1 << 20, min_body=0)
+    follows = [{"role": "assistant", "content": "looking"}, {"role": "tool", "content": "x" * 3000}]
+    first = [SYSTEM, {"role": "user", "content": "task a"}, *follows]
+    second = [SYSTEM, {"role": "user", "content": "task b"}, *follows]
+    cache.parse(body(first, {}))
+    assert cache.parse(body(second, {})).reused == 3
+    raw = body([*first, {"role": "assistant", "content": "done"}], {})
+    parsed = cache.parse(raw)
+    check(parsed, raw)
+    assert parsed.reused == len(first)
+
+
 def keeping_one_body() -> tuple[BodyCache, bytes]:
     """A cache that kept one body (a system prompt and a user message), and that body."""
     cache = BodyCache(1 << 20, min_body=0)

@@ -126,6 +126,25 @@ def test_a_step_that_appends_takes_its_history_s_links_as_they_were() -> None:
     assert len(worked_out) == 1 + len(appended)
 
 
+def test_two_requests_continuing_one_step_both_take_its_links() -> None:
+    # Another conversation sharing a kept body (proxy.bodies) continues the same Known:
+    # chaining one continuation leaves the other's links in place.
+    history = [{"role": "user", "content": f"m{n}"} for n in range(8)]
+    known = Known()
+    first = Memo(None, known)
+    exact_chain(history, first)
+    one, other = known.continued(history), known.continued(history)
+    exact_chain(history, Memo(first.kept(), one))
+    worked_out: list[Any] = []
+
+    def exact(message: Any) -> bytes:
+        worked_out.append(message)
+        return exact_digest(message)
+
+    assert Memo(first.kept(), other).chain("exact", history, None, exact) == exact_chain(history)
+    assert worked_out == []
+
+
 def test_values_equal_in_python_but_not_in_json_are_told_apart() -> None:
     forms = [{"role": "tool", "content": value} for value in (1, True, 1.0, "1", None, 0, False)]
     memo = Memo()
