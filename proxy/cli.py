@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from proxy import __version__, config
+from proxy import __version__, config, heap
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -28,8 +28,10 @@ def _serve(args: argparse.Namespace) -> int:
         settings.port,
         settings.upstream_base,
     )
+    app = create_app(settings)
+    heap.settle()
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         loop="uvloop",
