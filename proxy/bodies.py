@@ -49,6 +49,7 @@ WINDOW = 4096
 # finds each, where the append check is one memcmp): the most recent, so a new
 # conversation's first request does not try every conversation sharing its system prompt.
 CHANGED_TRIES = 16
+PROBE = 256  # bytes of a kept body compared before all of it
 _SPACE = b" \t\n\r"
 
 _GAP = re.compile(rb"[ \t\n\r]*,[ \t\n\r]*")
@@ -156,6 +157,11 @@ class _Kept:
 
     group: int
     prefix: memoryview  # of the body, not a copy: a fresh megabyte costs its page faults
+    # Where the group's conversations part (the start of the second message, a first user
+    # message), checked before the whole prefix: bodies of a group share their first
+    # kilobytes (a system prompt and tools), which a memcmp of each would compare again.
+    probe_at: int
+    probe: bytes
     size: int  # of the whole body, which the view keeps
     before: tuple[tuple[str, Any], ...]  # the top-level items before the array
     messages: list[Any]
@@ -190,8 +196,12 @@ class BodyCache:
         group = hash((credential, body[:HEAD].translate(_DIGITS)))
         members = self._groups.get(group, [])
         parsed, goes_on = None, True
-        for kept in reversed(members):  # appended to: one memcmp each
-            if len(body) > len(kept.prefix) and body.startswith(kept.prefix):
+        for kept in reversed(members):  # appended to: a probe, then one memcmp
+            if (
+                len(body) > len(kept.prefix)
+                and body.startswith(kept.probe, kept.probe_at)
+                and body.startswith(kept.prefix)
+            ):
                 parsed = self._extend(
                     kept.before, body, kept.messages, kept.spans, len(kept.prefix)
                 )
@@ -320,7 +330,9 @@ class BodyCache:
         if known is None:  # both callers pass what this request's memo fills in
             return
         prefix = memoryview(body)[:end]
-        kept = _Kept(group, prefix, len(body), before, messages, spans, known)
+        probe_at, probe_end = spans[1] if len(spans) > 1 else spans[0]
+        probe = body[probe_at : min(probe_end, probe_at + PROBE)]
+        kept = _Kept(group, prefix, probe_at, probe, len(body), before, messages, spans, known)
         self._lru[kept] = None
         members = self._groups.setdefault(group, [])
         members.append(kept)
