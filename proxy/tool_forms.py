@@ -23,6 +23,9 @@ KEPT = 256  # distinct tool lists remembered (least recently used dropped)
 class ToolForms:
     digest: bytes  # of the whole value's canonical encoding (key order aside)
     named: tuple[str, ...]  # each object tool's canonical encoding, sorted
+    # The plain encoding they were kept by (None: too deep to encode plainly), one object
+    # for every request that brings these tools (proxy.rewrite.canonical_tools's key).
+    encoded: bytes | None = dataclasses.field(default=None, compare=False)
 
 
 SAME_KEPT = 64  # recent lists also answered by identity
@@ -47,7 +50,7 @@ def forms(tools: Any) -> ToolForms:
     if known is not None:
         _kept.move_to_end(encoded)
     else:
-        known = _kept[encoded] = _work_out(tools)
+        known = _kept[encoded] = _work_out(tools, encoded)
         if len(_kept) > KEPT:
             _kept.popitem(last=False)
     _same[id(tools)] = (tools, known)
@@ -56,10 +59,10 @@ def forms(tools: Any) -> ToolForms:
     return known
 
 
-def _work_out(tools: Any) -> ToolForms:
+def _work_out(tools: Any, encoded: bytes | None = None) -> ToolForms:
     digest = hashlib.blake2b(jsonio.dumps_canonical(tools), digest_size=16).digest()
     named: tuple[str, ...] = ()
     if isinstance(tools, list):
         objects = (tool for tool in tools if isinstance(tool, dict))
         named = tuple(sorted(jsonio.dumps_canonical(tool).decode() for tool in objects))
-    return ToolForms(digest, named)
+    return ToolForms(digest, named, encoded)

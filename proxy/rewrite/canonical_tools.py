@@ -11,7 +11,7 @@ import functools
 import json
 from typing import Any
 
-from proxy import jsonio
+from proxy import jsonio, tool_forms
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
 
 
@@ -27,7 +27,10 @@ def canonical_tools(request: Request, context: RewriteContext) -> Request | None
     tools = request.get("tools")
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
         return None
-    ordered = _canonical_tools(jsonio.dumps(tools))
+    # The plain encoding, kept with the list (by identity: a session's next steps bring the
+    # same object, proxy.bodies), so the same bytes object keys the cache below.
+    encoded = tool_forms.forms(tools).encoded
+    ordered = None if encoded is None else _canonical_tools(encoded)
     return None if ordered is None else {**request, "tools": ordered}
 
 
@@ -35,7 +38,8 @@ def canonical_tools(request: Request, context: RewriteContext) -> Request | None
 def _canonical_tools(raw: bytes) -> list[dict[str, Any]] | None:
     """The canonical tool list for a serialized one, None if it is canonical already or
     malformed. Cached: an agent sends the same tools (in the same or another order) on
-    every step. Callers never mutate requests, so sharing the result is safe."""
+    every step. Callers never mutate requests, so sharing the result is safe. (A bytes
+    object keeps its hash: a lookup by the object tool_forms keeps costs no hashing.)"""
     tools = json.loads(raw)  # exact (orjson would turn integers beyond 64 bits into floats)
     try:
         keyed = [(_sort_key(canonical), canonical) for canonical in map(_canonical, tools)]

@@ -37,6 +37,7 @@ def test_kept_forms_are_the_forms_worked_out_afresh(lists: list[Any]) -> None:
     for tools in lists + [copy.deepcopy(tools) for tools in lists]:
         assert tool_forms.forms(tools) == afresh(tools)
         assert tool_forms.forms(tools) == afresh(tools)  # the same object asked again
+        assert tool_forms.forms(tools).encoded == jsonio.dumps(tools)
 
 
 def test_key_order_aside_the_same_tools_have_the_same_digest() -> None:
