@@ -5,6 +5,8 @@ Also what a session remembers after each reply. No I/O."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,11 +95,14 @@ def remember(
     keys = list(keys) if keys is not None else chain_keys(client_messages, mask)
     rewritten = forwarded if rewritten is None else rewritten
     if len(rewritten) == len(client_messages):
-        for key, sent, given in zip(keys, rewritten, client_messages, strict=True):
+        # The few the rewrites replaced, found in C: most are the client's own objects.
+        replaced = map(operator.is_not, rewritten, client_messages)
+        for index in itertools.compress(itertools.count(), replaced):
+            sent, given = rewritten[index], client_messages[index]
             # A system prompt is rewritten afresh every time (its volatile values move to
             # the newest message); restoring an old one would hide the new values.
-            if sent is not given and sent != given and not _is_system(given):
-                session.substitute(key, sent)
+            if sent != given and not _is_system(given):
+                session.substitute(keys[index], sent)
     if forwarded_chain is None or len(forwarded_chain) != len(forwarded):
         forwarded_chain = exact_chain(forwarded, memo)
     chain = list(forwarded_chain)

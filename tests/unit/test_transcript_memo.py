@@ -69,14 +69,16 @@ OTHER_MASK = DEFAULT_DETECTOR.mask  # another key form of system text (numbers k
 def sessions_of_steps(draw: st.DrawFn) -> list[tuple[list[Any], Any]]:
     """Steps of one conversation as the body cache hands them over: each the previous
     step's objects (some replaced by a copy or an edit, as a clock or a restored reply
-    is), then new messages; keyed with the session's mask or, when it learned a line,
-    another."""
+    is), then new messages, or fewer of them (a client trimming its history); keyed with
+    the session's mask or, when it learned a line, another."""
     messages = draw(conversations())
     texts = st.sampled_from(["clock 10:15", "clock 10:16", "x", ""])
     steps: list[tuple[list[Any], Any]] = []
     current: list[Any] = []
     for end in sorted(draw(st.lists(st.integers(0, len(messages)), min_size=1, max_size=5))):
         step = [*current, *copy.deepcopy(messages[len(current) : max(end, len(current))])]
+        if current and draw(st.booleans()):
+            step = current[: draw(st.integers(0, len(current) - 1))]
         for index in draw(st.lists(st.integers(0, max(len(step) - 1, 0)), max_size=2)):
             if index < len(step):
                 changed = dict(step[index])
