@@ -33,6 +33,9 @@ _ROOT = b"prefill-proxy/transcript/v3"
 # crypto extension); below it the encoder is the cheaper one. What those encodings start
 # with is never the first byte of JSON text.
 FLAT_MIN = 1024
+# Content hashes of objects a conversation's requests no longer hold, kept at most (each
+# holds its object: a rewritten system prompt) before they are dropped (Known.continued).
+STALE_HASHES = 32
 _FLAT_EXACT, _FLAT_NORMAL = b"\x01", b"\x02"
 
 
@@ -187,14 +190,28 @@ class Known:
         """What the request continuing this one starts with (``elements``: its parsed
         array; ``others``: its other top-level values): what was made from the objects it
         shares, their hashes, and this request's chains."""
-        present = {id(element) for element in elements}
-        present.update(id(value) for value in others)
-        converted = {i: made for i, made in self.converted.items() if i in present}
-        present.update(id(made[1]) for made in converted.values())
-        hashes = {i: known for i, known in self.hashes.items() if i in present}
+        present: set[int] | None = None
+        converted: dict[int, tuple[Any, Any]] = {}
+        if self.converted:
+            present = _ids(elements, others)
+            converted = {i: made for i, made in self.converted.items() if i in present}
+            present.update(id(made[1]) for made in converted.values())
+        hashes = dict(self.hashes)
+        # Most are of objects the continuing request has. Those of objects it no longer has
+        # (a replaced message, a rewritten copy: a few a step) are dropped once STALE_HASHES
+        # have gathered, not on every request (a pass over the whole history).
+        if len(hashes) > len(elements) + len(converted) + STALE_HASHES:
+            present = _ids(elements, others) if present is None else present
+            hashes = {i: known for i, known in hashes.items() if i in present}
         # A copy: a chain taken from it is gone, and another conversation's request may
         # continue the same body (proxy.bodies keeps it then).
         return Known(hashes, dict(self.chains), converted)
+
+
+def _ids(elements: Sequence[Any], others: Iterable[Any]) -> set[int]:
+    present = {id(element) for element in elements}
+    present.update(id(value) for value in others)
+    return present
 
 
 class Memo:

@@ -16,6 +16,7 @@ from proxy.replay.profiles import Prompt, mixed, varied_clocks
 from proxy.rewrite.volatile import DEFAULT_DETECTOR
 from proxy.transcript import (
     FLAT_MIN,
+    STALE_HASHES,
     Known,
     Memo,
     chain_keys,
@@ -145,6 +146,21 @@ def test_two_requests_continuing_one_step_both_take_its_links() -> None:
 
     assert Memo(first.kept(), other).chain("exact", history, None, exact) == exact_chain(history)
     assert worked_out == []
+
+
+def test_hashes_of_objects_a_conversation_no_longer_holds_are_dropped() -> None:
+    # Every step replaces its system prompt (a rewritten copy, a moved clock) and appends a
+    # message: the replaced prompts' hashes (and so the prompts) are not kept for ever.
+    history: list[Any] = [{"role": "user", "content": "go"}]
+    known = Known()
+    for step in range(200):
+        system = {"role": "system", "content": f"step {step}"}
+        messages = [system, *history]
+        memo = Memo(None, known)
+        exact_chain(messages, memo)
+        assert len(known.hashes) <= len(messages) + STALE_HASHES + 1
+        known = known.continued(messages)
+        history.append({"role": "user", "content": f"m{step}"})
 
 
 def test_values_equal_in_python_but_not_in_json_are_told_apart() -> None:
