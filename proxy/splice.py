@@ -16,12 +16,14 @@ messages, and it is the same bytes whichever way the spans were found. Pure: no 
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-from proxy import bodies, jsonio
+from proxy import bodies, jsonio, tool_forms
 from proxy.transcript import same_objects
 
 _MISSING = object()
@@ -106,9 +108,58 @@ def _joined(
     (``spans``: theirs in it), joined in without a copy before the one of the join; the
     other messages and fields encoded. A history with a rewritten system prompt and one
     message that carries a note is three runs and two encoded messages."""
-    index = {id(message): n for n, message in enumerate(client_messages)}
     view = memoryview(body)
-    elements: list[bytes | memoryview] = []  # a run of client messages, or one encoded
+    if len(messages) == len(client_messages):
+        elements = _in_place(messages, client_messages, view, spans)
+    else:
+        elements = _runs(messages, client_messages, view, spans)
+    array: list[bytes | memoryview] = [b"["]
+    for element in elements:
+        array += (element, b",")
+    array[-1:] = [b"]"] if elements else [b"[", b"]"]
+    parts: list[bytes | memoryview] = []
+    for key, value in forwarded.items():
+        parts += (b",", orjson.dumps(key), b":")
+        if key == "messages":
+            parts += array
+        elif key == "tools" and isinstance(value, list):
+            # Encoded once per list object (every step brings the same canonical list).
+            parts.append(tool_forms.forms(value).encoded or orjson.dumps(value))
+        else:
+            parts.append(orjson.dumps(value))
+    parts[0] = b"{"
+    parts.append(b"}")
+    return b"".join(parts)
+
+
+Elements = list[bytes | memoryview]  # each a run of client messages' bytes, or one encoded
+
+
+def _in_place(
+    messages: list[Any], client_messages: list[Any], view: memoryview, spans: Sequence[bodies.Span]
+) -> Elements:
+    """The elements of a forwarded list as long as the client's (nothing dropped): the
+    messages the rewrites replaced are found in C, the runs between them are slices."""
+    elements: Elements = []
+    start = 0  # the run's first message
+    replaced = map(operator.is_not, messages, client_messages)
+    for index in itertools.compress(itertools.count(), replaced):
+        if index > start:
+            elements.append(view[spans[start][0] : spans[index - 1][1]])
+        elements.append(orjson.dumps(messages[index]))
+        start = index + 1
+    if start < len(messages):
+        elements.append(view[spans[start][0] : spans[-1][1]])
+    return elements
+
+
+def _runs(
+    messages: list[Any], client_messages: list[Any], view: memoryview, spans: Sequence[bodies.Span]
+) -> Elements:
+    """The elements of any forwarded list (compaction left messages out): each message
+    found among the client's by identity."""
+    index = {id(message): n for n, message in enumerate(client_messages)}
+    elements: Elements = []
     first = last = -1  # the run being gathered
     for message in messages:
         n = index.get(id(message))
@@ -122,17 +173,4 @@ def _joined(
             elements.append(orjson.dumps(message))
     if first >= 0:
         elements.append(view[spans[first][0] : spans[last][1]])
-    array: list[bytes | memoryview] = [b"["]
-    for element in elements:
-        array += (element, b",")
-    array[-1:] = [b"]"] if elements else [b"[", b"]"]
-    parts: list[bytes | memoryview] = []
-    for key, value in forwarded.items():
-        parts += (b",", orjson.dumps(key), b":")
-        if key == "messages":
-            parts += array
-        else:
-            parts.append(orjson.dumps(value))
-    parts[0] = b"{"
-    parts.append(b"}")
-    return b"".join(parts)
+    return elements

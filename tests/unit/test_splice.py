@@ -32,12 +32,18 @@ def same(left: bytes, right: bytes) -> bool:
     return jsonio.dumps_canonical(jsonio.loads(left)) == jsonio.dumps_canonical(jsonio.loads(right))
 
 
-def forwarded_from(client: dict[str, Any], changed: set[int]) -> dict[str, Any]:
-    """What a rewrite makes of ``client``: some messages replaced, a field added."""
+def forwarded_from(
+    client: dict[str, Any], changed: set[int], dropped: frozenset[int] = frozenset()
+) -> dict[str, Any]:
+    """What a rewrite makes of ``client``: some messages replaced, a field added; and what
+    compaction makes of it: some left out, a summary in the first one's place."""
     messages = [
         {**message, "content": "rewritten"} if index in changed else message
         for index, message in enumerate(client["messages"])
+        if index not in dropped
     ]
+    if dropped:
+        messages.insert(min(dropped, default=0), {"role": "user", "content": "summary"})
     return {**client, "messages": messages, "stream_options": {"include_usage": True}}
 
 
@@ -47,16 +53,21 @@ def forwarded_from(client: dict[str, Any], changed: set[int]) -> dict[str, Any]:
     st.sampled_from(STYLES),
     st.sets(st.integers(min_value=0, max_value=12)),
     st.booleans(),
+    st.frozensets(st.integers(min_value=0, max_value=12)),
 )
 def test_spliced_requests_parse_as_the_whole_encode(
-    messages: list[Any], style: dict[str, Any], changed: set[int], padded: bool
+    messages: list[Any],
+    style: dict[str, Any],
+    changed: set[int],
+    padded: bool,
+    dropped: frozenset[int],
 ) -> None:
     request = {"model": "m", "messages": messages, "tools": [{"type": "function"}]}
     if padded:  # over the size from which the proxy splices
         request["metadata"] = {"pad": "x" * splice.MIN_BYTES}
     body = body_of(request, style)
     client = jsonio.loads(body)
-    forwarded = forwarded_from(client, changed)
+    forwarded = forwarded_from(client, changed, dropped)
     spliced = splice.encode(forwarded, client["messages"], body)
     assert same(spliced, jsonio.dumps(forwarded))
 
