@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import re
 import secrets
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -37,11 +39,15 @@ Span = tuple[int, int]  # a message's bytes in its body: body[start:end]
 # Bodies shorter than this are parsed whole and not kept: a 32 KB parse costs 0.03 ms.
 MIN_BODY = 32 << 10
 # Bodies are grouped by their first bytes (a system prompt's start), digits read as 0 (a
-# clock there does not move a body to another group), and a new body is checked against
-# the most recent ones of its group; a check that fails stops at the first differing byte
-# (where two conversations part: their first user message).
+# clock there does not move a body to another group). Within a group, kept bodies are
+# found by their PROBE bytes from where their second message starts (where conversations
+# on one system prompt and tools part: their first user message), so a request finds the
+# body it continues among any number of conversations on one agent's prompt.
 HEAD = 512
-GROUP_MAX = 128
+PROBE = 256
+# A body whose messages end before a whole probe (a conversation's first request, a short
+# user message) is tried one by one: a group keeps the most recent SHORT_KEPT of those.
+SHORT_KEPT = 64
 _DIGITS = bytes.maketrans(b"0123456789", b"0" * 10)
 # How far a changed message may have grown for the messages after it to be found again.
 WINDOW = 4096
@@ -49,7 +55,6 @@ WINDOW = 4096
 # finds each, where the append check is one memcmp): the most recent, so a new
 # conversation's first request does not try every conversation sharing its system prompt.
 CHANGED_TRIES = 16
-PROBE = 256  # bytes of a kept body compared before all of it
 _SPACE = b" \t\n\r"
 
 _GAP = re.compile(rb"[ \t\n\r]*,[ \t\n\r]*")
@@ -157,16 +162,56 @@ class _Kept:
 
     group: int
     prefix: memoryview  # of the body, not a copy: a fresh megabyte costs its page faults
-    # Where the group's conversations part (the start of the second message, a first user
-    # message), checked before the whole prefix: bodies of a group share their first
-    # kilobytes (a system prompt and tools), which a memcmp of each would compare again.
-    probe_at: int
-    probe: bytes
+    probe: tuple[int, bytes] | None  # where its second message starts, PROBE bytes there
     size: int  # of the whole body, which the view keeps
     before: tuple[tuple[str, Any], ...]  # the top-level items before the array
     messages: list[Any]
     spans: list[Span]
     known: Known
+
+
+class _Group:
+    """The kept bodies of one group: in the order they were kept, and by their probe.
+    A body whose prefix ends before a whole probe is kept aside and tried as well."""
+
+    def __init__(self) -> None:
+        self.members: dict[_Kept, None] = {}  # the oldest first
+        self.probes: dict[tuple[int, bytes], list[_Kept]] = {}
+        self.offsets: collections.Counter[int] = collections.Counter()  # probe offsets
+        self.short: dict[_Kept, None] = {}
+
+    def add(self, kept: _Kept) -> _Kept | None:
+        """Keep ``kept``; the short body it pushes out, if any (for the cache to drop)."""
+        self.members[kept] = None
+        if kept.probe is None:
+            self.short[kept] = None
+            return next(iter(self.short)) if len(self.short) > SHORT_KEPT else None
+        self.probes.setdefault(kept.probe, []).append(kept)
+        self.offsets[kept.probe[0]] += 1
+        return None
+
+    def remove(self, kept: _Kept) -> None:
+        del self.members[kept]
+        if kept.probe is None:
+            del self.short[kept]
+            return
+        same = self.probes[kept.probe]
+        same.remove(kept)
+        if not same:
+            del self.probes[kept.probe]
+        self.offsets[kept.probe[0]] -= 1
+        if not self.offsets[kept.probe[0]]:
+            del self.offsets[kept.probe[0]]
+
+    def continued_by(self, body: bytes) -> Iterator[_Kept]:
+        """The kept bodies ``body`` may continue (the most recent first): those whose probe
+        it has where theirs is, and the short ones."""
+        for at in self.offsets:
+            yield from reversed(self.probes.get((at, body[at : at + PROBE]), ()))
+        yield from reversed(self.short)
+
+    def recent(self, count: int) -> Iterator[_Kept]:
+        return itertools.islice(reversed(self.members), count)
 
 
 class BodyCache:
@@ -183,7 +228,7 @@ class BodyCache:
         self.min_body = MIN_BODY if min_body is None else min_body
         self.held = 0  # bytes of the bodies kept (whole: their prefixes are views of them)
         self._lru: collections.OrderedDict[_Kept, None] = collections.OrderedDict()
-        self._groups: dict[int, list[_Kept]] = {}
+        self._groups: dict[int, _Group] = {}
         # An array element no client sends: where a body's new part is parsed, it proves
         # the part ended where it was cut.
         self._nonce = b'"prefill-proxy ' + secrets.token_hex(16).encode() + b'"'
@@ -194,20 +239,16 @@ class BodyCache:
         if not self.max_bytes or len(body) < self.min_body:
             return Parsed(jsonio.loads(body))
         group = hash((credential, body[:HEAD].translate(_DIGITS)))
-        members = self._groups.get(group, [])
+        members = self._groups.get(group) or _Group()
         parsed, goes_on = None, True
-        for kept in reversed(members):  # appended to: a probe, then one memcmp
-            if (
-                len(body) > len(kept.prefix)
-                and body.startswith(kept.probe, kept.probe_at)
-                and body.startswith(kept.prefix)
-            ):
+        for kept in members.continued_by(body):  # appended to: one memcmp each
+            if len(body) > len(kept.prefix) and body.startswith(kept.prefix):
                 parsed = self._extend(
                     kept.before, body, kept.messages, kept.spans, len(kept.prefix)
                 )
                 break
         else:
-            for kept in members[: -CHANGED_TRIES - 1 : -1]:  # one message changed
+            for kept in members.recent(CHANGED_TRIES):  # one message changed
                 changed = self._changed(kept, body)
                 if changed is not None:
                     parsed, index = changed
@@ -330,15 +371,14 @@ class BodyCache:
         if known is None:  # both callers pass what this request's memo fills in
             return
         prefix = memoryview(body)[:end]
-        probe_at, probe_end = spans[1] if len(spans) > 1 else spans[0]
-        probe = body[probe_at : min(probe_end, probe_at + PROBE)]
-        kept = _Kept(group, prefix, probe_at, probe, len(body), before, messages, spans, known)
+        at = spans[1][0] if len(spans) > 1 else spans[0][0]
+        probe = (at, body[at : at + PROBE]) if at + PROBE <= end else None
+        kept = _Kept(group, prefix, probe, len(body), before, messages, spans, known)
         self._lru[kept] = None
-        members = self._groups.setdefault(group, [])
-        members.append(kept)
+        pushed_out = self._groups.setdefault(group, _Group()).add(kept)
         self.held += len(body)
-        if len(members) > GROUP_MAX:
-            self._drop(members[0])
+        if pushed_out is not None:
+            self._drop(pushed_out)
         while self.held > self.max_bytes:
             self._drop(next(iter(self._lru)))
 
@@ -349,7 +389,7 @@ class BodyCache:
         self.held -= kept.size
         members = self._groups[kept.group]
         members.remove(kept)
-        if not members:
+        if not members.members:
             del self._groups[kept.group]
 
 

@@ -14,7 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import jsonio
-from proxy.bodies import GROUP_MAX, HEAD, INPUT, MESSAGES, WINDOW, Array, BodyCache, message_spans
+from proxy.bodies import (
+    HEAD,
+    INPUT,
+    MESSAGES,
+    SHORT_KEPT,
+    WINDOW,
+    Array,
+    BodyCache,
+    message_spans,
+)
 from tests.support.conversations import conversations
 
 # How clients write JSON: compact, Python's default spacing, indented, ASCII escapes.
@@ -235,13 +244,32 @@ def test_what_is_kept_stays_within_its_bytes() -> None:
     assert cache.parse(body([*oldest, {"role": "assistant", "content": "ok"}], {})).reused == 0
 
 
-def test_a_group_keeps_its_most_recent_sessions() -> None:
+def test_any_number_of_conversations_on_one_prompt_are_continued() -> None:
+    # An agent serving many users: every conversation shares the system prompt and tools
+    # (one group), and each one's next step still continues its own body.
     cache = BodyCache(1 << 30, min_body=0)
-    # Sessions sharing their first kilobyte (one system prompt): one group.
+    sessions = [
+        [
+            SYSTEM,
+            {"role": "user", "content": f"task {n} " + "x" * 300},
+            {"role": "assistant", "content": f"{n}"},
+        ]
+        for n in range(500)
+    ]
+    for history in sessions:
+        cache.parse(body(history, {}))
+    step = {"role": "user", "content": "more"}
+    assert all(cache.parse(body([*history, step], {})).reused == 3 for history in sessions)
+
+
+def test_a_group_keeps_its_most_recent_short_first_requests() -> None:
+    # First requests whose user message ends before a whole probe are tried one by one:
+    # a group keeps the most recent of them.
+    cache = BodyCache(1 << 30, min_body=0)
     # Each differs from the others in two messages: none continues another's body.
     sessions = [
         [SYSTEM, {"role": "user", "content": f"task {n}"}, {"role": "assistant", "content": f"{n}"}]
-        for n in range(GROUP_MAX + 8)
+        for n in range(SHORT_KEPT + 8)
     ]
     for history in sessions:
         cache.parse(body(history, {}))
