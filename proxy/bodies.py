@@ -32,7 +32,7 @@ from typing import Any
 import msgspec
 
 from proxy import jsonio
-from proxy.transcript import Known
+from proxy.transcript import Known, role
 
 Span = tuple[int, int]  # a message's bytes in its body: body[start:end]
 
@@ -396,13 +396,9 @@ class BodyCache:
 def _first_user_message(messages: list[Any], index: int) -> bool:
     """Whether ``messages[index]`` is the first user message: what tells conversations
     sharing a system prompt apart."""
-    return _role(messages[index]) == "user" and all(
-        _role(message) != "user" for message in messages[:index]
+    return role(messages[index]) == "user" and all(
+        role(message) != "user" for message in messages[:index]
     )
-
-
-def _role(message: Any) -> Any:
-    return message.get("role") if isinstance(message, dict) else None
 
 
 def _same(body: bytes, prefix: memoryview, spans: list[Span]) -> int:

@@ -5,8 +5,6 @@ Also what a session remembers after each reply. No I/O."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +18,7 @@ from proxy.transcript import (
     exact_chain_after,
     matched_messages,
     next_key,
+    replaced,
 )
 
 REASONS = (
@@ -95,9 +94,8 @@ def remember(
     keys = list(keys) if keys is not None else chain_keys(client_messages, mask)
     rewritten = forwarded if rewritten is None else rewritten
     if len(rewritten) == len(client_messages):
-        # The few the rewrites replaced, found in C: most are the client's own objects.
-        replaced = map(operator.is_not, rewritten, client_messages)
-        for index in itertools.compress(itertools.count(), replaced):
+        # The few the rewrites replaced: most are the client's own objects.
+        for index in replaced(rewritten, client_messages):
             sent, given = rewritten[index], client_messages[index]
             # A system prompt is rewritten afresh every time (its volatile values move to
             # the newest message); restoring an old one would hide the new values.

@@ -16,15 +16,13 @@ messages, and it is the same bytes whichever way the spans were found. Pure: no 
 
 from __future__ import annotations
 
-import itertools
-import operator
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from proxy import bodies, jsonio, tool_forms
-from proxy.transcript import same_objects
+from proxy.transcript import replaced, same_objects
 
 _MISSING = object()
 _SPACE = b" \t\n\r"
@@ -139,11 +137,11 @@ def _in_place(
     messages: list[Any], client_messages: list[Any], view: memoryview, spans: Sequence[bodies.Span]
 ) -> Elements:
     """The elements of a forwarded list as long as the client's (nothing dropped): the
-    messages the rewrites replaced are found in C, the runs between them are slices."""
+    messages the rewrites replaced are found in C (transcript.replaced), the runs
+    between them are slices."""
     elements: Elements = []
     start = 0  # the run's first message
-    replaced = map(operator.is_not, messages, client_messages)
-    for index in itertools.compress(itertools.count(), replaced):
+    for index in replaced(messages, client_messages):
         if index > start:
             elements.append(view[spans[start][0] : spans[index - 1][1]])
         elements.append(orjson.dumps(messages[index]))

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.transcript import role as _role
+
 HEAD_ROLES = frozenset({"system", "developer"})
 
 
@@ -146,10 +148,6 @@ def marker(dropped: int | None = None) -> dict[str, Any]:
         "role": "user",
         "content": f"[{what} of this conversation were removed to fit the context window.]",
     }
-
-
-def _role(message: Any) -> Any:
-    return message.get("role") if isinstance(message, dict) else None
 
 
 def _text(content: Any) -> str:
