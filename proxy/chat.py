@@ -306,7 +306,7 @@ class ChatCall(Call):
 
     async def reply_whole(self) -> None:
         """A non-streamed reply: small, and vLLM sends it at once; read it for usage and
-        the reply, record, then answer."""
+        the reply, answer, and record it."""
         exchange = self.exchange
         body = await self.read()
         if exchange.status == 200:
@@ -314,9 +314,19 @@ class ChatCall(Call):
         elif exchange.status == 400 and any(marker in body for marker in OVERFLOW_MARKERS):
             exchange.context_overflow = True
         self.log_body("response", body)
-        await self.record_reply()
-        self.record()
-        await self.down.respond(exchange.status, self.reply_headers(keep_length=False), body)
+        headers = self.reply_headers(keep_length=False)
+        if self.chat.sessions is not None and self.chat.sessions.store.waits:
+            # A shared store: saved first, since another replica may take the next request.
+            await self.record_reply()
+            self.record()
+            await self.down.respond(exchange.status, headers, body)
+        else:
+            # Nothing yields from the reply's last byte to its record (the store never
+            # waits), so the client's next request still finds it; the client does not
+            # wait for the bookkeeping.
+            await self.down.respond(exchange.status, headers, body)
+            await self.record_reply()
+            self.record()
 
     def reply_headers(self, *, keep_length: bool) -> list[tuple[bytes, bytes]]:
         headers = self.response_headers(keep_length=keep_length)

@@ -86,6 +86,8 @@ class StoreUnavailable(Exception):
 
 
 class RedisStore:
+    waits = True
+
     def __init__(
         self,
         url: str,

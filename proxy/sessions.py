@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from proxy import jsonio, tool_forms
 from proxy.compaction.state import Compaction
@@ -190,6 +190,10 @@ class SessionStore(Protocol):
     """Where session records live: in this process (MemoryStore) or shared by every
     replica (proxy.redis_store). Calls may fail or time out; the tracker fails open."""
 
+    # False: no call yields to the event loop, so nothing else runs between a reply going
+    # out and its record being saved (a reply is then answered before it is recorded).
+    waits: ClassVar[bool]
+
     async def get(self, key: str) -> Session | None:
         """A copy of the stored record (the caller owns it), or None."""
 
@@ -210,6 +214,8 @@ class MemoryStore:
     any idle for ``ttl_s`` seconds. It keeps copies, so it behaves as a networked store
     does: nothing changes a stored record but a save. The calls never wait (one event
     loop: nothing runs between a compare and its set)."""
+
+    waits = False
 
     def __init__(
         self, max_sessions: int, ttl_s: float, clock: Callable[[], float] = time.monotonic

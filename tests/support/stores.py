@@ -10,6 +10,8 @@ from proxy.sessions import Session
 
 
 class CodecStore:
+    waits = False
+
     def __init__(self) -> None:
         self._records: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         self._versions: dict[str, int] = {}
