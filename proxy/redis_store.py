@@ -212,10 +212,8 @@ class RedisStore:
         if len(data) <= self._max_bytes:
             return data
         self._metrics.store_errors.labels("too_large").inc()
-        substitutions = session.substitutions
-        while len(data) > self._max_bytes and substitutions:
-            for _ in range(max(len(substitutions) // 4, 1)):
-                substitutions.popitem(last=False)
+        while len(data) > self._max_bytes and session.substitutions:
+            session.drop_oldest_substitutions(max(len(session.substitutions) // 4, 1))
             data = session_codec.encode(session)
         if len(data) > self._max_bytes:
             log.warning("session %s: record over %d bytes, not saved", session.key, self._max_bytes)

@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from proxy import jsonio, tool_forms
 from proxy.compaction.state import Compaction
@@ -38,6 +38,10 @@ class Pace:
 
     def add_gap(self, seconds: float, keep: int) -> None:
         self.gaps = [*self.gaps[-(keep - 1) :], seconds] if keep > 1 else [seconds]
+
+
+# Set on a record whose substitutions another record shares (not a field: never stored).
+_SHARED = "_shares_substitutions"
 
 
 @dataclasses.dataclass
@@ -97,10 +101,23 @@ class Session:
     touched: float = 0.0
 
     def substitute(self, key: bytes, message: dict[str, Any]) -> None:
-        self.substitutions[key] = message
-        self.substitutions.move_to_end(key)
-        while len(self.substitutions) > MAX_SUBSTITUTIONS:
-            self.substitutions.popitem(last=False)
+        substitutions = self._own_substitutions()
+        substitutions[key] = message
+        substitutions.move_to_end(key)
+        while len(substitutions) > MAX_SUBSTITUTIONS:
+            substitutions.popitem(last=False)
+
+    def drop_oldest_substitutions(self, count: int) -> None:
+        substitutions = self._own_substitutions()
+        for _ in range(min(count, len(substitutions))):
+            substitutions.popitem(last=False)
+
+    def _own_substitutions(self) -> collections.OrderedDict[bytes, dict[str, Any]]:
+        """The substitutions, copied first if another record shares them (``copy``).
+        Change them only through this."""
+        if self.__dict__.pop(_SHARED, False):
+            self.substitutions = collections.OrderedDict(self.substitutions)
+        return self.substitutions
 
     def copy(self) -> Session:
         """A copy whose containers can change without touching this one (the messages in
@@ -109,7 +126,9 @@ class Session:
         # and a store copies on every get and save).
         copied = object.__new__(Session)
         copied.__dict__.update(self.__dict__)
-        copied.substitutions = collections.OrderedDict(self.substitutions)
+        # Both share the substitutions until one changes them (most requests add one or
+        # two to a session's hundreds, and a store copies twice per request).
+        self.__dict__[_SHARED] = copied.__dict__[_SHARED] = True
         copied.pinned_template_kwargs = dict(self.pinned_template_kwargs)
         copied.learned = dict(self.learned)
         copied.pace = Pace(self.pace.replied_at, list(self.pace.gaps))
@@ -192,7 +211,7 @@ class SessionStore(Protocol):
 
     # False: no call yields to the event loop, so nothing else runs between a reply going
     # out and its record being saved (a reply is then answered before it is recorded).
-    waits: ClassVar[bool]
+    waits: bool
 
     async def get(self, key: str) -> Session | None:
         """A copy of the stored record (the caller owns it), or None."""

@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy import prefix
 from proxy.rewrite import RewriteContext
@@ -175,6 +177,34 @@ def test_the_store_hands_out_copies_and_saves_compare_and_set() -> None:
     assert current is not None and list(current.substitutions) == [b"k"]
     run(store.delete("s"))
     assert run(store.get("s")) is None and len(store) == 0
+
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(["copy", "substitute", "drop"]), st.integers(0, 7), st.integers(0, 3)
+    ),
+    max_size=40,
+)
+
+
+@given(operations)
+def test_copies_share_substitutions_until_one_changes_them(steps) -> None:
+    """Copies share their substitutions (a store copies on every get and save); a change
+    to one record, by any path, leaves every other as it was."""
+    records, expected = [Session("s")], [[]]
+    for count, (operation, which, value) in enumerate(steps):
+        index = which % len(records)
+        if operation == "copy":
+            records.append(records[index].copy())
+            expected.append(list(expected[index]))
+        elif operation == "substitute":
+            key = bytes([count])
+            records[index].substitute(key, {"n": count})
+            expected[index].append(key)
+        else:
+            records[index].drop_oldest_substitutions(value)
+            del expected[index][:value]
+        assert [list(record.substitutions) for record in records] == expected
 
 
 def test_substitutions_per_session_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
