@@ -375,7 +375,10 @@ class BodyCache:
         probe = (at, body[at : at + PROBE]) if at + PROBE <= end else None
         kept = _Kept(group, prefix, probe, len(body), before, messages, spans, known)
         self._lru[kept] = None
-        pushed_out = self._groups.setdefault(group, _Group()).add(kept)
+        members = self._groups.get(group)
+        if members is None:  # (not setdefault: it would build a _Group every time)
+            members = self._groups[group] = _Group()
+        pushed_out = members.add(kept)
         self.held += len(body)
         if pushed_out is not None:
             self._drop(pushed_out)
