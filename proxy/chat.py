@@ -305,28 +305,32 @@ class ChatCall(Call):
         )
 
     async def reply_whole(self) -> None:
-        """A non-streamed reply: small, and vLLM sends it at once; read it for usage and
-        the reply, answer, and record it."""
-        exchange = self.exchange
+        """A non-streamed reply: small, and vLLM sends it at once. Answered, then read for
+        usage and the reply and recorded; recorded first where the store waits."""
         body = await self.read()
+        headers = self.reply_headers(keep_length=False)
+        if self.chat.sessions is not None and self.chat.sessions.store.waits:
+            # A shared store: saved first, since another replica may take the next request.
+            await self.record_whole(body)
+            await self.down.respond(self.exchange.status, headers, body)
+            return
+        # Nothing yields between the reply's last byte and its record (this store never
+        # waits), so the client's next request still finds it, and the client does not
+        # wait for the bookkeeping.
+        try:
+            await self.down.respond(self.exchange.status, headers, body)
+        finally:
+            await self.record_whole(body)
+
+    async def record_whole(self, body: bytes) -> None:
+        exchange = self.exchange
         if exchange.status == 200:
             exchange.usage, exchange.reply = self.read_reply(body)
         elif exchange.status == 400 and any(marker in body for marker in OVERFLOW_MARKERS):
             exchange.context_overflow = True
         self.log_body("response", body)
-        headers = self.reply_headers(keep_length=False)
-        if self.chat.sessions is not None and self.chat.sessions.store.waits:
-            # A shared store: saved first, since another replica may take the next request.
-            await self.record_reply()
-            self.record()
-            await self.down.respond(exchange.status, headers, body)
-        else:
-            # Nothing yields from the reply's last byte to its record (the store never
-            # waits), so the client's next request still finds it; the client does not
-            # wait for the bookkeeping.
-            await self.down.respond(exchange.status, headers, body)
-            await self.record_reply()
-            self.record()
+        await self.record_reply()
+        self.record()
 
     def reply_headers(self, *, keep_length: bool) -> list[tuple[bytes, bytes]]:
         headers = self.response_headers(keep_length=keep_length)
