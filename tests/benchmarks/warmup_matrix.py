@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,6 +77,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--proxy-setting", action="append", default=[], metavar="NAME=VALUE")
     add("--json", type=Path, default=Path(".artifacts/warmup-matrix.json"))
     add("--plot", type=Path, help="a PNG of the gain per cell (needs matplotlib)")
+    add("--report", type=Path, help="only print the table of an earlier run's --json file")
     add(
         "--repeat",
         type=int,
@@ -123,6 +125,7 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
         "cell": dataclasses.asdict(cell),
         **modes,
         **lost_steps(modes["off"], modes["on"]),
+        "paired": paired(modes["off"], modes["on"]),
         **noise,
     }
 
@@ -194,6 +197,45 @@ def lost_steps(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+CHANGED_TOKENS = 64  # a step cached this many tokens more (or fewer) with warm-up: it changed
+RESAMPLES = 2000
+
+
+def paired(off: dict[str, Any], on: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+    """The same steps with and without warm-up (by run, conversation and step): how many
+    cached more or less with it, and 95% intervals of the p50 and p95 gain (off / on) from
+    a bootstrap over the pairs. The pooled ratios alone cannot say whether a few percent
+    is the warm-up or the steps that happened to be drawn; the interval says how far the
+    steps alone move them (a run's timing moves them further: see the per-run column)."""
+
+    def key(record: dict[str, Any]) -> tuple[int, str, int]:
+        return record.get("run", 0), record["conversation"], record["step"]
+
+    def computed(record: dict[str, Any]) -> int:
+        return (record["prompt_tokens"] or 0) - (record["cached_tokens"] or 0)
+
+    offs = {key(r): r for r in off["records"] if r["ttft_s"] is not None}
+    pairs = [(offs[key(r)], r) for r in on["records"] if r["ttft_s"] is not None and key(r) in offs]
+    more = sum(computed(a) - computed(b) >= CHANGED_TOKENS for a, b in pairs)
+    less = sum(computed(b) - computed(a) >= CHANGED_TOKENS for a, b in pairs)
+    result: dict[str, Any] = {"pairs": len(pairs), "cached_more": more, "cached_less": less}
+    if len(pairs) < 2:
+        return result
+    draw = random.Random(seed)
+    gains: dict[float, list[float]] = {0.5: [], 0.95: []}
+    for _ in range(RESAMPLES):
+        sample = draw.choices(pairs, k=len(pairs))
+        a = [x["ttft_s"] for x, _ in sample]
+        b = [y["ttft_s"] for _, y in sample]
+        for q, kept in gains.items():
+            kept.append(percentile(a, q) / max(percentile(b, q), 1e-9))
+    for q, kept in gains.items():
+        kept.sort()
+        name = "p50" if q == 0.5 else "p95"
+        result[f"{name}_ci"] = (kept[int(0.025 * RESAMPLES)], kept[int(0.975 * RESAMPLES) - 1])
+    return result
+
+
 def _ratio(off: float | None, on: float | None) -> str:
     return f"{off / on:.2f}x" if off and on else "n/a"
 
@@ -249,8 +291,19 @@ def row(result: dict[str, Any]) -> str:
         compute,
         queued,
         per_run(result.get("runs") or []),
+        _paired(result.get("paired") or paired(off, on)),
     )
     return "| " + " | ".join(cells) + " |"
+
+
+def _paired(figures: dict[str, Any]) -> str:
+    if "p50_ci" not in figures:
+        return "-"
+    (a, b), (c, d) = figures["p50_ci"], figures["p95_ci"]
+    return (
+        f"p50 {a:.2f}-{b:.2f}x, p95 {c:.2f}-{d:.2f}x; "
+        f"{figures['cached_more']} / {figures['cached_less']} of {figures['pairs']}"
+    )
 
 
 def per_run(runs: Sequence[Sequence[float | None]]) -> str:
@@ -291,6 +344,7 @@ HEADER = (
     "engine compute busy off / on",
     "queued share on: mean (time at >= 0.5 / >= 0.3)",
     "per run: off/on ratios; off/off (noise)",
+    "paired steps: 95% interval of the gain off/on; cached more / less with warm-up",
 )
 
 
@@ -321,6 +375,9 @@ def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        print(table(json.loads(args.report.read_text())))
+        return 0
     by_name = {cell.name: cell for cell in CELLS}
     unknown = [name for name in args.cells.split(",") if name not in by_name]
     if unknown:
