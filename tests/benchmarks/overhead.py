@@ -365,6 +365,12 @@ def parse_args() -> argparse.Namespace:
         "before a change) in the same alternating rounds",
     )
     add("--json", metavar="OUT", type=Path, help="also write the figures to this file")
+    add(
+        "--store-size",
+        action="store_true",
+        help="after the run, measure the session state the run's traffic leaves in a proxy "
+        "(in process, tracemalloc; minutes) and compare resident memory with it",
+    )
     add("--upstream-url", help="use this running upstream instead of starting one")
     add(
         "--proxy-url",
@@ -445,6 +451,69 @@ def body_cache_mb(url: str) -> float | None:
     return None
 
 
+def cell_plan(args: argparse.Namespace) -> list[tuple[int, bool, int, int]]:
+    """(size, stream, concurrency, requests) per cell, in the order ``measure`` runs them
+    (size 0: the one short request); requests: what a proxy gets in the cell (warm-up and
+    rounds)."""
+    per_round = args.requests // args.rounds
+    return [
+        (SIZES[size], mode.strip() == "stream", c, max(4 * c, 100) + args.rounds * per_round)
+        for size in args.sizes.split(",")
+        for mode in args.modes.split(",")
+        for c in (int(c) for c in args.concurrency.split(","))
+    ]
+
+
+def store_mb(args: argparse.Namespace) -> float:
+    """The session state a proxy holds after this run's traffic, measured: the same cells'
+    request bodies (each worker's sessions numbered as run_batch numbers them, sent one
+    after another rather than at once) through the app in this process, to the fake
+    upstream, with tracemalloc: what is still allocated after the last request less what
+    the app held before the first (session records, kept bodies and their parsed messages,
+    chain memos), MB. tracemalloc sees Python's allocations only: the token counter's
+    tables (the bpe crate's, 125 MB, the same in every proxy) are not in it. Slow: minutes
+    for a full run's traffic."""
+    import tracemalloc
+
+    from prometheus_client import CollectorRegistry
+
+    from proxy import config
+    from proxy.app import create_app
+    from tests.support.fake_upstream import FakeUpstream
+
+    async def replay(upstream: str) -> float:
+        settings = config.load({"upstream": upstream}, environ={})
+        app = create_app(settings, registry=CollectorRegistry())
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://proxy") as client,
+        ):
+            started = tracemalloc.get_traced_memory()[0]
+            for cell, (size, stream, concurrency, requests) in enumerate(cell_plan(args), 1):
+                if not size:
+                    continue  # one short request, over and over: no session state to speak of
+                bodies, sent = AgentSessions(size, stream), [0] * concurrency
+                for number in range(requests):
+                    worker = number % concurrency
+                    body = bodies.body(worker + 1000 * cell, sent[worker])
+                    sent[worker] += 1
+                    reply = await client.post(CHAT, content=body, headers=JSON)
+                    reply.raise_for_status()
+            return (tracemalloc.get_traced_memory()[0] - started) / 1e6
+
+    upstream = FakeUpstream(record=False, max_model_len=1 << 20, bytes_per_token=BYTES_PER_TOKEN)
+    with upstream:
+        tracemalloc.start()
+        try:
+            return asyncio.run(replay(upstream.url))
+        finally:
+            tracemalloc.stop()
+
+
+JSON = {"content-type": "application/json"}
+
+
 def report(args: argparse.Namespace, env: dict[str, Any], rows: list[dict]) -> None:
     print(f"\n#### Proxy overhead, {env['date']}: {env['cores']} cores, Python {env['python']}\n")
     print(
@@ -467,6 +536,15 @@ def report(args: argparse.Namespace, env: dict[str, Any], rows: list[dict]) -> N
     ):
         if figures := env.get(key):
             print(f"\n{what}: " + ", ".join(f"{k} {v:.0f} MB" for k, v in figures.items()))
+    if (state := env.get("session_state_mb")) is not None:
+        print(f"\nsession state after this traffic, measured in process: {state:.0f} MB")
+        idle = env.get("idle_resident_mb") or {}
+        if "proxy" in idle and "passthrough" in idle:
+            bound = idle["passthrough"] + state
+            print(
+                f"proxy idle resident / (passthrough's + session state): {idle['proxy']:.0f} / "
+                f"{bound:.0f} MB = {idle['proxy'] / bound:.2f}x"
+            )
     if args.json:
         options = {k: str(v) for k, v in vars(args).items()}
         figures = {"environment": env, "options": options, "rows": rows}
@@ -524,6 +602,8 @@ def main() -> int:
         time.sleep(heap.TRIM_INTERVAL_S + 1)  # the proxies' next heap trim (proxy.heap)
         memory = {t.name: resident_mb(t.pid) for t in others}
         env["idle_resident_mb"] = {k: v for k, v in memory.items() if v is not None}
+    if args.store_size:
+        env["session_state_mb"] = store_mb(args)
     report(args, env, rows)
     return 0
 
