@@ -18,21 +18,24 @@ def _kept_children(base: M) -> M:
     and a request makes about ten. Every label value here is bounded (see ``Metrics``)."""
 
     class Kept(base):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._kept: dict[tuple[Any, ...], Any] = {}
+
         def labels(self, *values: Any, **named: Any) -> Any:
             if named:
                 return super().labels(*values, **named)
-            kept = self.__dict__.setdefault("_kept", {})
-            child = kept.get(values)
+            child = self._kept.get(values)
             if child is None:
-                child = kept[values] = super().labels(*values)
+                child = self._kept[values] = super().labels(*values)
             return child
 
         def remove(self, *values: Any) -> None:
-            self.__dict__.pop("_kept", None)
+            self._kept.clear()
             super().remove(*values)
 
         def clear(self) -> None:
-            self.__dict__.pop("_kept", None)
+            self._kept.clear()
             super().clear()
 
     Kept.__name__ = Kept.__qualname__ = base.__name__
@@ -427,7 +430,8 @@ class Metrics:
             "still_cached: the engine's recent timed warm-ups found their prefix cached, "
             "evicted_before_use: half of them were evicted again before their step, "
             "engine_saturated: the engine queued requests in 3/10 of the last 30 s, "
-            "short_round: the session's last tool round was under a second).",
+            "short_round: the session's last tool round was under a second, "
+            "irregular_rounds: its last rounds varied too widely to time a warm-up).",
             ("reason",),
             registry=registry,
         )
