@@ -27,6 +27,7 @@ from proxy.warmup.policy import (
     RETRY_S,
     Limits,
     engine_busy,
+    irregular,
     saturated,
     short_rounds,
     skip_reason,
@@ -80,6 +81,7 @@ class _Job:
     tokens: list[int] | None = None  # the rendered prompt, once /tokenize said
     too_short: bool = False
     short_rounds: bool = False  # the session's tool rounds are too short to warm in
+    irregular: bool = False  # or vary too widely to time a second warm-up
     warmed: int = 0  # prompt tokens the last warm-up sent left cached
 
 
@@ -165,6 +167,7 @@ class Warmer:
             delay=delay,
             window=min(pace.gaps) - delay if delay is not None else 0.0,
             short_rounds=short_rounds(pace.gaps),
+            irregular=irregular(pace.gaps),
         )
         self._start(job)
 
@@ -214,6 +217,9 @@ class Warmer:
         if job.short_rounds:  # before the engine is read: nothing to read it for
             self._metrics.warmups_skipped.labels("short_round").inc()
             return
+        if job.delay is not None and job.irregular:  # the one right after the reply goes
+            self._metrics.warmups_skipped.labels("irregular_rounds").inc()
+            job.delay = None
         self._monitor(job.engine).want()
         # Judged now, on the request's task: how busy the proxy is while it replies.
         reason = self._skip_reason() or self._saturated(job.engine)

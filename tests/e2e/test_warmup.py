@@ -496,6 +496,22 @@ async def test_no_warmup_after_a_reply_whose_tool_round_was_short(engine, direct
 
 
 @pytest.mark.anyio
+async def test_no_timed_warmup_for_rounds_that_vary_too_widely(engine, direct) -> None:
+    """Rounds of 2 s and 7 s: aimed at the shortest, a timed warm-up would come 5 s early
+    for the long ones, and their blocks go again before the step. The warm-up right after
+    each reply still goes."""
+    messages, reply, _ = aligned_step(engine, "irregular")
+    direct.reply(messages, reply, arrived=1000.0, after_tools=False)
+    await _until(lambda: direct.sent("tool_calls") == 1)
+    direct.reply(messages, reply, arrived=1002.5, after_tools=True)  # a 2 s round
+    await _until(lambda: direct.sleep.delays == [1.8] and direct.sent("tool_calls") == 2)
+    direct.reply(messages, reply, arrived=1010.0, after_tools=True)  # then a 7 s one
+    await _until(lambda: direct.sent("tool_calls") == 3)
+    assert direct.sample(SKIPPED, reason="irregular_rounds") == 1
+    assert direct.sleep.delays == [1.8]  # nothing timed after the second round
+
+
+@pytest.mark.anyio
 async def test_no_timed_warmup_once_the_client_is_back(engine, direct) -> None:
     messages, reply, _ = aligned_step(engine, "back")
     direct.reply(messages, reply, arrived=1000.0, after_tools=False)

@@ -12,6 +12,7 @@ from proxy.warmup.policy import (
     PROBE_EVERY,
     Limits,
     engine_busy,
+    irregular,
     short_rounds,
     skip_reason,
     timed_skip,
@@ -115,6 +116,21 @@ def test_warm_delay(gaps: list[float], delay: float | None) -> None:
 )
 def test_short_rounds(gaps: list[float], short: bool) -> None:
     assert short_rounds(gaps) is short
+
+
+@pytest.mark.parametrize(
+    ("gaps", "spread"),
+    [
+        ([], False),
+        ([9.0], False),  # one round: nothing to compare
+        ([2.0, 6.0], False),  # three times the shortest: still aimed
+        ([2.0, 6.5], True),
+        ([8.0, 1.5, 5.0, 4.0], True),  # an agent whose tools vary (0.5-10 s)
+        ([5.0, 5.4, 4.8, 5.1], False),
+    ],
+)
+def test_irregular_rounds(gaps: list[float], spread: bool) -> None:
+    assert irregular(gaps) is spread
 
 
 @pytest.mark.parametrize(
