@@ -175,17 +175,20 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def _step_key(record: dict[str, Any]) -> tuple[int, str, int]:
+    """A step after tool calls, the same in both modes of a run."""
+    return record.get("run", 0), record["conversation"], record["step"]
+
+
+def _computed(record: dict[str, Any]) -> int:
+    return (record["prompt_tokens"] or 0) - (record["cached_tokens"] or 0)
+
+
 def lost_steps(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
     """The steps after tool calls that lost their prefix without warm-up, and their TTFT
     p50 off and on: what warm-up can win where blocks are lost (the p50 of all steps moves
     only where most of them lose theirs)."""
-
-    def key(record: dict[str, Any]) -> tuple[int, str, int]:
-        return record.get("run", 0), record["conversation"], record["step"]
-
-    def computed(record: dict[str, Any]) -> int:
-        return (record["prompt_tokens"] or 0) - (record["cached_tokens"] or 0)
-
+    key, computed = _step_key, _computed
     lost = {key(r): r for r in off["records"] if computed(r) > warmup.COLD_TOKENS}
     paired = [(lost[key(r)], r) for r in on["records"] if key(r) in lost]
     off_ttft = [a["ttft_s"] for a, _ in paired if a["ttft_s"] is not None]
@@ -207,13 +210,7 @@ def paired(off: dict[str, Any], on: dict[str, Any], seed: int = 0) -> dict[str, 
     a bootstrap over the pairs. The pooled ratios alone cannot say whether a few percent
     is the warm-up or the steps that happened to be drawn; the interval says how far the
     steps alone move them (a run's timing moves them further: see the per-run column)."""
-
-    def key(record: dict[str, Any]) -> tuple[int, str, int]:
-        return record.get("run", 0), record["conversation"], record["step"]
-
-    def computed(record: dict[str, Any]) -> int:
-        return (record["prompt_tokens"] or 0) - (record["cached_tokens"] or 0)
-
+    key, computed = _step_key, _computed
     offs = {key(r): r for r in off["records"] if r["ttft_s"] is not None}
     pairs = [(offs[key(r)], r) for r in on["records"] if r["ttft_s"] is not None and key(r) in offs]
     more = sum(computed(a) - computed(b) >= CHANGED_TOKENS for a, b in pairs)
