@@ -77,7 +77,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--proxy-setting", action="append", default=[], metavar="NAME=VALUE")
     add("--json", type=Path, default=Path(".artifacts/warmup-matrix.json"))
     add("--plot", type=Path, help="a PNG of the gain per cell (needs matplotlib)")
-    add("--report", type=Path, help="only print the table of an earlier run's --json file")
+    add(
+        "--report",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="only print the table of earlier runs' --json files; a cell in several files "
+        "is pooled over all their runs",
+    )
     add(
         "--repeat",
         type=int,
@@ -182,6 +189,41 @@ def _step_key(record: dict[str, Any]) -> tuple[int, str, int]:
 
 def _computed(record: dict[str, Any]) -> int:
     return (record["prompt_tokens"] or 0) - (record["cached_tokens"] or 0)
+
+
+def merged(files: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Cells of several runs' --json files, each cell pooled over every run of it (runs
+    numbered apart per file, so steps pair within their own run)."""
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for number, results in enumerate(files):
+        for result in results:
+            modes = {
+                mode: {
+                    **result[mode],
+                    "records": [
+                        {**r, "run": 1000 * number + r.get("run", 0)}
+                        for r in result[mode]["records"]
+                    ],
+                }
+                for mode in ("off", "on")
+            }
+            cells.setdefault(result["cell"]["name"], []).append({**result, **modes})
+    out = []
+    for runs in cells.values():
+        if len(runs) == 1:
+            out.append(runs[0])
+            continue
+        modes = {mode: pooled([run[mode] for run in runs]) for mode in ("off", "on")}
+        out.append(
+            {
+                "cell": runs[0]["cell"],
+                **modes,
+                **lost_steps(modes["off"], modes["on"]),
+                "paired": paired(modes["off"], modes["on"]),
+                "runs": [r for run in runs for r in run.get("runs") or []],
+            }
+        )
+    return out
 
 
 def lost_steps(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
@@ -373,7 +415,7 @@ def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report:
-        print(table(json.loads(args.report.read_text())))
+        print(table(merged([json.loads(path.read_text()) for path in args.report])))
         return 0
     by_name = {cell.name: cell for cell in CELLS}
     unknown = [name for name in args.cells.split(",") if name not in by_name]

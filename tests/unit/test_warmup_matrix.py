@@ -44,3 +44,44 @@ def test_a_step_missing_in_one_mode_is_left_out() -> None:
         "cached_more": 0,
         "cached_less": 0,
     }
+
+
+def mode_result(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode of one cell as a --json file holds it (the figures pooled() sums or
+    averages, zero here)."""
+    from tests.benchmarks.warmup_matrix import SUMMED
+
+    ttfts = [r["ttft_s"] for r in records]
+    return {
+        **dict.fromkeys(SUMMED, 0),
+        "records": records,
+        "p50": sorted(ttfts)[len(ttfts) // 2],
+        "p95": max(ttfts),
+        "cached_share": 0.8,
+        "skips": {"still_cached": 1.0},
+        "engine_idle": 0.3,
+        "engine_compute": 0.1,
+        "queued_share": [],
+    }
+
+
+def test_report_pools_a_cell_over_files_and_keeps_their_runs_apart() -> None:
+    from tests.benchmarks.warmup_matrix import merged
+
+    def cell(name: str, off_ttft: float) -> dict[str, Any]:
+        off = [record(f"c{i}", 2, off_ttft, 4000) for i in range(10)]
+        on = [record(f"c{i}", 2, 0.02, 4000) for i in range(10)]
+        return {"cell": {"name": name}, "off": mode_result(off), "on": mode_result(on),
+                "runs": [(off_ttft, 0.02, off_ttft, 0.02)]}  # fmt: skip
+
+    first = [cell("a", 0.04), cell("b", 0.02)]
+    second = [cell("a", 0.08)]  # the same run numbers in its file: paired within it
+    pooled = {c["cell"]["name"]: c for c in merged([first, second])}
+    assert pooled["b"] == first[1]  # in one file only: as it was
+    a = pooled["a"]
+    assert a["paired"]["pairs"] == 20 and len(a["off"]["records"]) == 20
+    # Half the steps gained 2x, half 4x: paired across files, all would be one of them.
+    low, high = a["paired"]["p50_ci"]
+    assert 2.0 <= low < high <= 4.0
+    assert a["runs"] == [(0.04, 0.02, 0.04, 0.02), (0.08, 0.02, 0.08, 0.02)]
+    assert a["off"]["skips"] == {"still_cached": 2.0}
