@@ -219,6 +219,11 @@ async def run_batch(
     return batch
 
 
+def warm_up_requests(concurrency: int) -> int:
+    """Requests a cell sends each target before its measured rounds."""
+    return max(4 * concurrency, 100)
+
+
 async def measure_cell(
     targets: list[Target],
     stream: bool,
@@ -237,7 +242,7 @@ async def measure_cell(
         for target, session in pairs:
             target.batches, target.sent = [], {}
             target.cells += 1
-            warm = max(4 * concurrency, 100)
+            warm = warm_up_requests(concurrency)
             await run_batch(session, target, stream, concurrency, warm, bodies)
         for index in range(rounds):
             for target, session in pairs if index % 2 == 0 else reversed(pairs):
@@ -457,7 +462,7 @@ def cell_plan(args: argparse.Namespace) -> list[tuple[int, bool, int, int]]:
     rounds)."""
     per_round = args.requests // args.rounds
     return [
-        (SIZES[size], mode.strip() == "stream", c, max(4 * c, 100) + args.rounds * per_round)
+        (SIZES[size], mode.strip() == "stream", c, warm_up_requests(c) + args.rounds * per_round)
         for size in args.sizes.split(",")
         for mode in args.modes.split(",")
         for c in (int(c) for c in args.concurrency.split(","))

@@ -125,15 +125,27 @@ def run_cell(cell: Cell, args: argparse.Namespace) -> dict[str, Any]:
             for record in result["records"]:
                 record["run"] = run  # steps are paired within a run (lost_steps)
             runs[mode].append(result)
-    modes = {mode: pooled(results) for mode, results in runs.items()}
     pairs = zip(runs["off"], runs["on"], strict=True)
-    noise = {"runs": [(off["p50"], on["p50"], off["p95"], on["p95"]) for off, on in pairs]}
+    noise = [(off["p50"], on["p50"], off["p95"], on["p95"]) for off, on in pairs]
+    return summary(dataclasses.asdict(cell), runs["off"], runs["on"], noise)
+
+
+def summary(
+    cell: dict[str, Any],
+    offs: list[dict[str, Any]],
+    ons: list[dict[str, Any]],
+    runs: list[Any],
+) -> dict[str, Any]:
+    """A cell's figures: each mode pooled over its runs, with the steps compared across
+    modes; ``runs``: each run's (off p50, on p50, off p95, on p95)."""
+    off, on = pooled(offs), pooled(ons)
     return {
-        "cell": dataclasses.asdict(cell),
-        **modes,
-        **lost_steps(modes["off"], modes["on"]),
-        "paired": paired(modes["off"], modes["on"]),
-        **noise,
+        "cell": cell,
+        "off": off,
+        "on": on,
+        **lost_steps(off, on),
+        "paired": paired(off, on),
+        "runs": runs,
     }
 
 
@@ -208,22 +220,17 @@ def merged(files: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 for mode in ("off", "on")
             }
             cells.setdefault(result["cell"]["name"], []).append({**result, **modes})
-    out = []
-    for runs in cells.values():
-        if len(runs) == 1:
-            out.append(runs[0])
-            continue
-        modes = {mode: pooled([run[mode] for run in runs]) for mode in ("off", "on")}
-        out.append(
-            {
-                "cell": runs[0]["cell"],
-                **modes,
-                **lost_steps(modes["off"], modes["on"]),
-                "paired": paired(modes["off"], modes["on"]),
-                "runs": [r for run in runs for r in run.get("runs") or []],
-            }
+    return [
+        runs[0]
+        if len(runs) == 1
+        else summary(
+            runs[0]["cell"],
+            [run["off"] for run in runs],
+            [run["on"] for run in runs],
+            [r for run in runs for r in run.get("runs") or []],
         )
-    return out
+        for runs in cells.values()
+    ]
 
 
 def lost_steps(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
