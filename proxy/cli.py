@@ -40,6 +40,9 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=False,  # the proxy writes its own line per request, with tokens and timing
         server_header=False,  # the upstream's Server and Date headers pass through instead
         date_header=False,
+        # Nothing here reads the client's address or scheme, which uvicorn would otherwise
+        # take from X-Forwarded-* on every request (those headers go upstream as sent).
+        proxy_headers=False,
         timeout_keep_alive=65,  # outlive clients' idle keep-alive, so they close first
         timeout_graceful_shutdown=settings.shutdown_grace,
     )

@@ -4,6 +4,7 @@ handlers, so that no error reaches a client as anything but OpenAI-style JSON.""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -15,23 +16,40 @@ from starlette.responses import Response
 
 from proxy import jsonio
 from proxy.call import Call, Services
-from proxy.downstream import Downstream
+from proxy.downstream import ClientGone, Downstream
 from proxy.errors import ProxyError, UpstreamError, error_body
 from proxy.metrics import Metrics
 
 JSON = "application/json"
+JSON_BYTES = JSON.encode()
+INTERNAL_ERROR = jsonio.dumps(
+    error_body("the proxy failed on this request", "server_error", "internal_error")
+)
 log = logging.getLogger("prefill_proxy.routes")
 
 
 class Endpoint:
     """An ASGI endpoint running one call per request (Starlette routes an object like
-    this as a plain ASGI app: the call reads the body and writes the response itself)."""
+    this as a plain ASGI app: the call reads the body and writes the response itself).
+    The proxied routes' endpoints are also called without Starlette's stack
+    (proxy.app.ProxyApp), so they are their own last resort: what escapes a call's own
+    handling (a bug in its books) is a counted, logged 500 ``internal_error``, as
+    ``internal_error_handler`` answers for the other routes."""
 
-    def __init__(self, call: Callable[[Downstream], Call]) -> None:
+    def __init__(self, call: Callable[[Downstream], Call], metrics: Metrics) -> None:
         self._call = call
+        self._metrics = metrics
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await self._call(Downstream(scope, receive, send)).run()
+        down = Downstream(scope, receive, send)
+        try:
+            await self._call(down).run()
+        except Exception:
+            log.exception("%s %s failed outside its call's handling", down.method, down.target)
+            self._metrics.internal_errors.labels("other").inc()
+            if not down.started and not down.gone:
+                with contextlib.suppress(ClientGone):
+                    await down.respond(500, [(b"content-type", JSON_BYTES)], INTERNAL_ERROR)
 
 
 class Probes:
@@ -96,7 +114,6 @@ def internal_error_handler(
 
     async def handle(request: Request, exc: Exception) -> Response:
         metrics.internal_errors.labels("other").inc()
-        body = error_body("the proxy failed on this request", "server_error", "internal_error")
-        return Response(jsonio.dumps(body), status_code=500, media_type=JSON)
+        return Response(INTERNAL_ERROR, status_code=500, media_type=JSON)
 
     return handle

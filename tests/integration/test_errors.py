@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy import config
 from proxy.app import create_app
+from proxy.exchange import Recorder
 from tests.support.servers import serve
 
 CHAT = "/v1/chat/completions"
@@ -56,6 +57,27 @@ def test_a_bug_outside_the_calls_is_caught_by_the_app() -> None:
         response = httpx.get(url + "/ready", timeout=10)  # the probe raises what no code expects
     assert_openai_error(response, 500, "internal_error")
     assert registry.get_sample_value("prefill_proxy_internal_errors_total", {"route": "other"}) == 1
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/embeddings"])
+def test_a_bug_outside_a_calls_handling_is_a_counted_500_on_every_route(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    """The chat routes skip Starlette's stack (proxy.app.ProxyApp); their endpoint is its
+    own last resort, as the app is for the others: OpenAI-style, counted once, logged."""
+
+    def fails(*args: object) -> None:
+        raise RuntimeError("a bug before the call could handle anything")
+
+    monkeypatch.setattr(Recorder, "begin", fails)
+    registry = CollectorRegistry()
+    settings = config.load({"upstream": "http://engine:8000"}, environ={})
+    app = create_app(settings, transport=httpx.MockTransport(broken), registry=registry)
+    with serve(app) as url:
+        response = httpx.post(url + path, json=BODY, timeout=10)
+    assert_openai_error(response, 500, "internal_error")
+    assert registry.get_sample_value("prefill_proxy_internal_errors_total", {"route": "other"}) == 1
+    assert "a bug before the call could handle anything" in caplog.text
 
 
 @pytest.mark.anyio
