@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ class Upstream:
         self.base_url = settings.upstream_base
         self._settings = settings
         self._total_timeout = settings.total_timeout or None
+        self.read_timeout = settings.read_timeout
         # The proxy's own requests without a client's credentials (/v1/models, /metrics)
         # carry the upstream's key, if it has one.
         self._own_credentials = upstream_credentials(settings.upstream_api_key)
@@ -211,12 +213,22 @@ class UpstreamResponse:
         self._upstream = upstream
 
     async def iter_bytes(self) -> AsyncIterator[bytes]:
-        """Body chunks as they arrive, bounded by the read and total timeouts."""
+        """Body chunks as they arrive, bounded by the read and total timeouts. A read
+        returns at the first bytes that arrive, and the read timeout ends one that waits
+        longer: until ``read_timeout`` before the deadline, no read can outlast it, and
+        none needs a timer of its own (one per chunk was 3% of the CPU of a non-streamed
+        64 KB step at c=1, and a stream reads a chunk per token)."""
         chunks = self._chunks.__aiter__()
+        clock = asyncio.get_running_loop().time
+        deadline = self._deadline
+        untimed_until = math.inf if deadline is None else deadline - self._upstream.read_timeout
         while True:
             try:
-                async with asyncio.timeout_at(self._deadline):
+                if clock() < untimed_until:
                     chunk = await chunks.__anext__()
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await chunks.__anext__()
             except StopAsyncIteration:
                 return
             except _FAILURES as exc:

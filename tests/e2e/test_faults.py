@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import httpx
 import openai
@@ -144,6 +145,24 @@ def test_total_timeout_bounds_a_stream(fake_upstream, start_proxy) -> None:
             CHAT, json=STREAM_REQUEST, headers={"x-fault": "stall-mid-stream"}
         ).content
     assert json.loads(events_of(body)[-2][6:])["error"]["code"] == "upstream_timeout"
+
+
+def test_total_timeout_bounds_a_stream_that_never_goes_quiet(fake_upstream, start_proxy) -> None:
+    """Bytes every 0.1 s: the read timeout never fires, so the total one must (reads
+    near the deadline are timed, proxy.upstream.UpstreamResponse.iter_bytes)."""
+    proxy = start_proxy(fake_upstream.url, total_timeout=1.0, read_timeout=0.5)
+    body, given_up = b"", time.monotonic() + 30  # without the bound, this stream never ends
+    with httpx.Client(base_url=proxy.url, timeout=10) as client, client.stream(
+        "POST", CHAT, json=STREAM_REQUEST, headers={"x-fault": "trickle-mid-stream"}
+    ) as response:
+        for chunk in response.iter_bytes():
+            body += chunk
+            if time.monotonic() > given_up:
+                pytest.fail("the stream outlived the total timeout by 29 s")
+    events = events_of(body)
+    assert events.count(b": ping\n\n") >= 3
+    assert json.loads(events[-2][6:])["error"]["code"] == "upstream_timeout"
+    assert proxy.sample("prefill_proxy_upstream_errors_total", kind="timeout") == 1
 
 
 def test_a_stalled_passthrough_stream_ends_with_an_error_event(fake_upstream, start_proxy) -> None:

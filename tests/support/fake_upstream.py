@@ -3,6 +3,7 @@ refuse, reset mid-stream, stall, answer 5xx. Also a fast upstream for the overhe
 
 Behaviour is chosen per request by the ``x-fault`` header (the proxy forwards it):
 ``reset-mid-stream``, ``stall-headers``, ``stall-mid-stream``, ``status-503``,
+``trickle-mid-stream`` (after two events, a comment every 0.1 s until the peer closes),
 ``status-400``, ``close-after-request``, ``bad-status-line``, ``tokens-N`` (a stream of N
 content chunks), ``huge-event-N`` (after two
 events, one of N bytes that never ends, sent in 64 KiB chunks). Without it, a
@@ -28,6 +29,8 @@ USAGE = {
     "prompt_tokens_details": {"cached_tokens": 32},
 }
 WORDS = ["Hello", " from", " upstream"]
+PING = b": ping\n\n"  # an SSE comment: what a server sends to keep a quiet stream alive
+TRICKLE_S = 0.1
 
 
 @dataclasses.dataclass
@@ -221,6 +224,22 @@ class FakeUpstream:
             pass
         self.peer_closed.set()
 
+    async def _trickle_until_peer_close(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Alive but done: an SSE comment every TRICKLE_S (never a read timeout) until the
+        client (the proxy) closes the connection."""
+        while True:
+            writer.write(b"%x\r\n%s\r\n" % (len(PING), PING))
+            await writer.drain()
+            try:
+                async with asyncio.timeout(TRICKLE_S):
+                    if not await reader.read(1024):
+                        break
+            except TimeoutError:
+                continue
+        self.peer_closed.set()
+
     async def _send_long_stream(self, writer: asyncio.StreamWriter, tokens: int) -> None:
         """A stream of ``tokens`` content chunks, written in batches of 1,000."""
         writer.write(
@@ -307,6 +326,9 @@ class FakeUpstream:
                 return False
             if index == 2 and fault == "stall-mid-stream":
                 await self._wait_for_peer_close(reader, writer)
+                return False
+            if index == 2 and fault == "trickle-mid-stream":
+                await self._trickle_until_peer_close(reader, writer)
                 return False
             if index == 2 and fault.startswith("huge-event-"):
                 await self._send_endless_event(writer, int(fault.removeprefix("huge-event-")))
