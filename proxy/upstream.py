@@ -65,7 +65,12 @@ class Upstream:
                 keepalive_timeout=self._settings.keepalive_expiry,
             )
             self._session = aiohttp.ClientSession(
-                connector=connector, skip_auto_headers=_NO_AUTO_HEADERS, auto_decompress=False
+                connector=connector,
+                skip_auto_headers=_NO_AUTO_HEADERS,
+                auto_decompress=False,
+                # No cookie jar: a cookie the upstream sets is the client's it answered,
+                # never sent along with every other client's requests.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 

@@ -336,3 +336,19 @@ def test_the_engine_gets_the_client_s_path_query_headers_and_body_as_sent(
     assert received.header("content-length") == str(len(body))
     for added in ("user-agent", "accept", "accept-encoding"):
         assert received.header(added) is None
+
+
+def test_a_cookie_the_upstream_sets_goes_to_no_other_request(fake_upstream, start_proxy) -> None:
+    """A transparent proxy keeps no cookie jar: a Set-Cookie answered to one client is
+    that client's, never added to the requests of others (by a name, as engines are
+    addressed in a cluster: an HTTP client keeps no cookies of IP addresses)."""
+    proxy = start_proxy(fake_upstream.url.replace("127.0.0.1", "localhost"))
+    with httpx.Client(base_url=proxy.url, timeout=10) as first, httpx.Client(
+        base_url=proxy.url, timeout=10
+    ) as second:
+        request = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        reply = first.post(CHAT, json=request, headers={"x-fault": "set-cookie"})
+        assert reply.headers["set-cookie"].startswith("affinity=engine-1")
+        assert second.post(CHAT, json=request).status_code == 200
+    assert len([r for r in fake_upstream.received if r.path == CHAT]) >= 2
+    assert [r.header("cookie") for r in fake_upstream.received if r.header("cookie")] == []

@@ -4,6 +4,7 @@ refuse, reset mid-stream, stall, answer 5xx. Also a fast upstream for the overhe
 Behaviour is chosen per request by the ``x-fault`` header (the proxy forwards it):
 ``reset-mid-stream``, ``stall-headers``, ``stall-mid-stream``, ``status-503``,
 ``trickle-mid-stream`` (after two events, a comment every 0.1 s until the peer closes),
+``set-cookie`` (a non-stream reply that sets a cookie),
 ``status-400``, ``close-after-request``, ``bad-status-line``, ``tokens-N`` (a stream of N
 content chunks), ``huge-event-N`` (after two
 events, one of N bytes that never ends, sent in 64 KiB chunks). Without it, a
@@ -31,6 +32,8 @@ USAGE = {
 WORDS = ["Hello", " from", " upstream"]
 PING = b": ping\n\n"  # an SSE comment: what a server sends to keep a quiet stream alive
 TRICKLE_S = 0.1
+# What a gateway in front of an engine may set for stickiness (fault ``set-cookie``).
+SET_COOKIE = b"set-cookie: affinity=engine-1; Path=/\r\n"
 
 
 @dataclasses.dataclass
@@ -306,7 +309,8 @@ class FakeUpstream:
         if self.bytes_per_token:
             prompt_tokens = int(len(request.body) / self.bytes_per_token)
         if not payload.get("stream"):
-            await _send(writer, 200, "application/json", completion_body(prompt_tokens))
+            extra = SET_COOKIE if fault == "set-cookie" else b""
+            await _send(writer, 200, "application/json", completion_body(prompt_tokens), extra)
             return True
         include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
         if fault.startswith("tokens-"):
@@ -354,9 +358,11 @@ async def _read_request(reader: asyncio.StreamReader) -> Received | None:
     return Received(method, path, headers, body)  # type: ignore[arg-type]
 
 
-async def _send(writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes) -> None:
+async def _send(
+    writer: asyncio.StreamWriter, status: int, ctype: str, body: bytes, extra: bytes = b""
+) -> None:
     head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: {ctype}\r\n"
-    writer.write(head.encode() + b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    writer.write(head.encode() + extra + b"content-length: %d\r\n\r\n%s" % (len(body), body))
     await writer.drain()
 
 
