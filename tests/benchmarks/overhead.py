@@ -416,8 +416,8 @@ def compared(rows: list[dict], reference: str = "passthrough") -> str:
         key = (row["size"], row["mode"], row["concurrency"], row["metric"])
         cells.setdefault(key, {})[row["target"]] = row
     head = f"| request | mode | c | metric | {reference} added p50 | proxy added p50 | ratio "
-    head += f"| req/s {reference} / proxy | CPU/req {reference} / proxy |"
-    lines = [head, "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    head += f"| ratio by round | req/s {reference} / proxy | CPU/req {reference} / proxy |"
+    lines = [head, "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for (size, mode, concurrency, metric), by in cells.items():
         if reference not in by or "proxy" not in by:
             continue
@@ -426,11 +426,25 @@ def compared(rows: list[dict], reference: str = "passthrough") -> str:
         cpu = [r["proxy"].get("cpu_ms_per_request") for r in (bare, ours)]
         cpu_text = " / ".join("-" if c is None else f"{c:.2f} ms" for c in cpu)
         rates = f"{bare['proxy']['req_per_s']:,.0f} / {ours['proxy']['req_per_s']:,.0f}"
+        by_round = round_ratios(bare["added_p50_by_round_ms"], ours["added_p50_by_round_ms"])
         lines.append(
             f"| {size} | {mode} | {concurrency} | {metric} | {bare['added_p50_ms']:+.2f} ms "
-            f"| {ours['added_p50_ms']:+.2f} ms | {ratio:.2f}x | {rates} | {cpu_text} |"
+            f"| {ours['added_p50_ms']:+.2f} ms | {ratio:.2f}x | {by_round} | {rates} "
+            f"| {cpu_text} |"
         )
     return "\n".join(lines)
+
+
+def round_ratios(reference: list[float], ours: list[float]) -> str:
+    """Median (and range) over the rounds of ours / reference added p50, each round's pair
+    measured back to back: the machine's speed drifts between rounds, and a pooled p50
+    mixes its phases. '-' where a round's reference added nothing to divide by."""
+    ratios = sorted(b / a for a, b in zip(reference, ours, strict=True) if a > 0)
+    if not ratios or len(ratios) < len(reference):
+        return "-"
+    middle = len(ratios) // 2
+    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    return f"{median:.2f}x ({ratios[0]:.2f} .. {ratios[-1]:.2f})"
 
 
 def resident_mb(pid: int | None) -> float | None:
