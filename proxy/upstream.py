@@ -1,10 +1,9 @@
 """The upstream engine: the only module that talks to backends and handles their errors.
 
-Requests go out on one shared ``aiohttp.ClientSession`` (its connection pool), directly: a
-proxy needs none of a client library's per-request work, and httpx's request and response
-objects around aiohttp's (``httpx-aiohttp``) cost about a tenth of a millisecond per
-request (tests/benchmarks/overhead.py). An httpx transport given instead (tests stand a
-``MockTransport`` in for the engines) is called the same way.
+Requests go out on the proxy's own HTTP/1.1 connection pool (proxy.http1): a proxy needs
+none of a client library's per-request work, and aiohttp's cost a fifth of the proxy's CPU
+on an agent step (tests/benchmarks/client_cost.py). An httpx transport given instead
+(tests stand a ``MockTransport`` in for the engines) is called the same way.
 """
 
 from __future__ import annotations
@@ -15,22 +14,17 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-import aiohttp
 import httpx
-import yarl
 
-from proxy import jsonio
+from proxy import http1, jsonio
 from proxy.config import Settings
 from proxy.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout
 from proxy.headers import upstream_credentials
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
 URLS_KEPT = 256
-READ_CHUNK = 1 << 16  # the most a body chunk holds (aiohttp's read buffer)
 
-# aiohttp adds these when a request lacks them; a transparent proxy must not.
-_NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
-_FAILURES = (TimeoutError, httpx.HTTPError, aiohttp.ClientError, OSError)
+_FAILURES = (TimeoutError, httpx.HTTPError, OSError, http1.ProtocolError)
 
 
 class Upstream:
@@ -42,12 +36,7 @@ class Upstream:
         # The proxy's own requests without a client's credentials (/v1/models, /metrics)
         # carry the upstream's key, if it has one.
         self._own_credentials = upstream_credentials(settings.upstream_api_key)
-        self._timeout = aiohttp.ClientTimeout(
-            sock_connect=settings.connect_timeout,
-            sock_read=settings.read_timeout,
-            connect=settings.connect_timeout,  # waiting for a connection of the pool too
-        )
-        self._session: aiohttp.ClientSession | None = None  # made in the running loop
+        self._pool: http1.Pool | None = None  # made in the running loop
         self._transport = transport
         timeout = httpx.Timeout(
             connect=settings.connect_timeout,
@@ -56,27 +45,22 @@ class Upstream:
             pool=settings.connect_timeout,
         )
         self._extensions = {"timeout": timeout.as_dict()}
-        self._urls: dict[tuple[str, str], yarl.URL] = {}
+        self._targets: dict[tuple[str, str], http1.Target] = {}
 
-    def _pool(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=self._settings.max_connections,
-                keepalive_timeout=self._settings.keepalive_expiry,
+    def _connections(self) -> http1.Pool:
+        if self._pool is None:
+            settings = self._settings
+            self._pool = http1.Pool(
+                settings.max_connections,
+                settings.keepalive_expiry,
+                settings.connect_timeout,
+                settings.read_timeout,
             )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                skip_auto_headers=_NO_AUTO_HEADERS,
-                auto_decompress=False,
-                # No cookie jar: a cookie the upstream sets is the client's it answered,
-                # never sent along with every other client's requests.
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-        return self._session
+        return self._pool
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            self._pool.close()
         if self._transport is not None:
             await self._transport.aclose()
 
@@ -97,44 +81,34 @@ class Upstream:
         deadline = None
         if self._total_timeout is not None:  # in the event loop's clock, as timeout_at wants
             deadline = asyncio.get_running_loop().time() + self._total_timeout
-        url = self._url(base or self.base_url, path)
-        # No retry here: a request is sent once. aiohttp itself sends an idempotent request
-        # again when a reused keep-alive connection turns out closed; a POST (a generation)
-        # that fails so gets a 502, since nothing proves the engine did not receive it
-        # (keepalive_expiry under the engine's keep-alive makes that race rare).
+        target = self._target(base or self.base_url, path)
+        # No retry here: a request is sent once. The pool sends a GET again when a reused
+        # keep-alive connection turns out closed; a POST (a generation) that fails so gets
+        # a 502, since nothing proves the engine did not receive it (keepalive_expiry under
+        # the engine's keep-alive makes that race rare).
         try:
             async with asyncio.timeout_at(deadline):
                 if self._transport is not None:
-                    return await self._send_httpx(method, url, headers, body, deadline)
-                response = await self._pool().request(
-                    method,
-                    url,
-                    headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers],
-                    data=body or None,
-                    allow_redirects=False,
-                    timeout=self._timeout,
-                )
+                    return await self._send_httpx(method, target, headers, body, deadline)
+                response = await self._connections().request(method, target, headers, body)
         except _FAILURES as exc:
             raise self._translate(exc) from exc
         return UpstreamResponse(
-            response.status,
-            response.raw_headers,
-            response.content.iter_chunked(READ_CHUNK),
-            lambda: _release(response),
-            deadline,
-            self,
+            response.status, response.headers, response.chunks(), response.aclose, deadline, self
         )
 
     async def _send_httpx(
         self,
         method: str,
-        url: yarl.URL,
+        target: http1.Target,
         headers: RawHeaders,
         body: bytes | None,
         deadline: float | None,
     ) -> UpstreamResponse:
+        origin = target.origin
+        url = f"{origin.scheme}://{origin.authority.decode()}{target.path.decode('latin-1')}"
         request = httpx.Request(
-            method, str(url), headers=headers, content=body, extensions=self._extensions
+            method, url, headers=headers, content=body, extensions=self._extensions
         )
         assert self._transport is not None
         response = await self._transport.handle_async_request(request)
@@ -146,15 +120,15 @@ class Upstream:
             response.status_code, response.headers.raw, chunks, response.aclose, deadline, self
         )
 
-    def _url(self, base: str, path: str) -> yarl.URL:
-        """The URL as the client wrote its path (``encoded``: nothing re-quoted), kept for
-        the engines' few paths: parsing one costs about as much as sending the request."""
-        url = self._urls.get((base, path))
-        if url is None:
-            url = yarl.URL(base + path, encoded=True)
-            if len(self._urls) < URLS_KEPT:  # paths carry the client's query: bounded
-                self._urls[(base, path)] = url
-        return url
+    def _target(self, base: str, path: str) -> http1.Target:
+        """Where the request goes, its path as the client wrote it (nothing quoted again),
+        kept for the engines' few paths."""
+        target = self._targets.get((base, path))
+        if target is None:
+            target = http1.Target.parse(base + path)
+            if len(self._targets) < URLS_KEPT:  # paths carry the client's query: bounded
+                self._targets[(base, path)] = target
+        return target
 
     async def call(
         self,
@@ -193,7 +167,7 @@ class Upstream:
         root = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ else exc
         if isinstance(root, (TimeoutError, httpx.TimeoutException)):
             return UpstreamTimeout(f"upstream {self.base_url} timed out ({type(root).__name__})")
-        if isinstance(root, (aiohttp.ClientConnectorError, httpx.ConnectError)):
+        if isinstance(root, (http1.ConnectError, httpx.ConnectError)):
             return UpstreamError(f"cannot connect to upstream {self.base_url}: {root}")
         return UpstreamProtocolError(f"upstream {self.base_url} broke the exchange: {root!r}")
 
@@ -247,16 +221,8 @@ class UpstreamResponse:
         """Close now; if the body was not read to the end, the connection is dropped, which
         makes vLLM abort the request and free its KV blocks."""
         # Closing a connection that is already broken: nothing is left to free.
-        with contextlib.suppress(httpx.HTTPError, aiohttp.ClientError, OSError):
+        with contextlib.suppress(httpx.HTTPError, OSError):
             await self._close()
-
-
-async def _release(response: aiohttp.ClientResponse) -> None:
-    """The connection back to the pool when the body was read to its end, else closed."""
-    if response.content.at_eof():
-        response.release()
-    else:
-        response.close()
 
 
 async def _one(content: bytes) -> AsyncIterator[bytes]:

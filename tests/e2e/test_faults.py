@@ -314,7 +314,7 @@ def test_many_concurrent_streams(fake_upstream, start_proxy) -> None:
 def test_the_engine_gets_the_client_s_path_query_headers_and_body_as_sent(
     fake_upstream, start_proxy
 ) -> None:
-    """On the wire, through the engines' aiohttp pool: nothing re-quoted, nothing added
+    """On the wire, through the engines' pool (proxy.http1): nothing re-quoted, nothing added
     that the client did not send but what HTTP needs (host, content length)."""
     proxy = start_proxy(fake_upstream.url, passthrough_paths=("*",))
     host, port = proxy.url.removeprefix("http://").split(":")

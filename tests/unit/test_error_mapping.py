@@ -1,29 +1,25 @@
-"""httpx/aiohttp failures become the proxy's errors, with the status a client expects."""
+"""httpx and engine-pool failures become the proxy's errors, with the status a client
+expects."""
 
 from __future__ import annotations
 
-import aiohttp
 import httpx
 import pytest
 
-from proxy import config, errors
+from proxy import config, errors, http1
 from proxy.upstream import Upstream
 
 UPSTREAM = Upstream(config.load({"upstream": "http://engine:8000"}, environ={}))
 
 
 def wrapped(outer: type[httpx.HTTPError], cause: BaseException) -> httpx.HTTPError:
-    """An httpx error caused by another (an httpx transport wrapping aiohttp's)."""
+    """An httpx error caused by another (a transport wrapping another client's)."""
     exc = outer("x")
     exc.__cause__ = cause
     return exc
 
 
-class _Key:
-    host, port, ssl = "engine", 8000, False
-
-
-REFUSED = aiohttp.ClientConnectorError(_Key(), ConnectionRefusedError(111, "refused"))  # type: ignore[arg-type]
+REFUSED = http1.ConnectError("engine:8000: [Errno 111] Connection refused")
 
 
 @pytest.mark.parametrize(
@@ -34,24 +30,19 @@ REFUSED = aiohttp.ClientConnectorError(_Key(), ConnectionRefusedError(111, "refu
         (httpx.ReadTimeout("slow"), errors.UpstreamTimeout, 504),
         (httpx.RemoteProtocolError("cut"), errors.UpstreamProtocolError, 502),
         (TimeoutError(), errors.UpstreamTimeout, 504),
-        # aiohttp's own, as the engines' pool raises them.
+        # The engines' pool's own (proxy.http1).
         (REFUSED, errors.UpstreamError, 502),
-        (aiohttp.ServerDisconnectedError(), errors.UpstreamProtocolError, 502),
-        (aiohttp.SocketTimeoutError(), errors.UpstreamTimeout, 504),
-        (aiohttp.ClientPayloadError("truncated"), errors.UpstreamProtocolError, 502),
-        # httpx-aiohttp mapped any ClientConnectionError to ConnectTimeout: the cause counts.
+        (http1.ProtocolError("connection closed mid-response"), errors.UpstreamProtocolError, 502),
+        (http1.ReadTimeout("no bytes"), errors.UpstreamTimeout, 504),
+        (ConnectionResetError(104, "reset"), errors.UpstreamProtocolError, 502),
+        # A transport that maps any connection error to ConnectTimeout: the cause counts.
         (wrapped(httpx.ConnectTimeout, REFUSED), errors.UpstreamError, 502),
         (
-            wrapped(httpx.ConnectTimeout, aiohttp.ServerDisconnectedError()),
+            wrapped(httpx.ConnectTimeout, http1.ProtocolError("cut")),
             errors.UpstreamProtocolError,
             502,
         ),
-        (wrapped(httpx.ReadTimeout, aiohttp.SocketTimeoutError()), errors.UpstreamTimeout, 504),
-        (
-            wrapped(httpx.ReadError, aiohttp.ClientPayloadError("truncated")),
-            errors.UpstreamProtocolError,
-            502,
-        ),
+        (wrapped(httpx.ReadTimeout, http1.ReadTimeout("slow")), errors.UpstreamTimeout, 504),
     ],
 )
 def test_translation(exc: BaseException, expected: type, status: int) -> None:

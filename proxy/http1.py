@@ -1,0 +1,451 @@
+"""The engines' HTTP/1.1 client: kept-alive connections per engine, each request written
+in one call, each response parsed by httptools (the parser uvicorn reads requests with).
+
+What a proxy in front of engines needs and nothing more: no cookies, redirects,
+decompression, proxies or retries of requests that may have reached the engine. aiohttp,
+called as proxy.upstream called it, took 0.25-0.32 ms of CPU per request; the least an
+asyncio client can do, 0.05-0.10 ms (tests/benchmarks/client_cost.py): a fifth of the
+proxy's CPU on a 64 KB agent step. No I/O but the sockets it opens.
+
+Per connection, one response at a time: its head (a future), then its body chunks as they
+arrive (paused reading past BUFFERED bytes not yet taken). The read timeout is one timer
+per connection, moved on lazily: data arriving costs a float assignment, not a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import ssl
+import urllib.parse
+from collections.abc import AsyncIterator, Sequence
+
+import httptools
+
+RawHeaders = Sequence[tuple[bytes, bytes]]
+# Body bytes held for the reader before the connection stops reading (the engine waits).
+BUFFERED = 1 << 20
+# A request that fails this way on a connection reused from the pool never reached a
+# server that was still listening: sent again once, for the methods safe to send twice.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+
+
+class ConnectError(OSError):
+    """No connection to the engine (refused, name not found, TLS failed, timed out)."""
+
+
+class ReadTimeout(TimeoutError):
+    """No bytes from the engine for the read timeout."""
+
+
+class ProtocolError(Exception):
+    """The engine broke the exchange: a reset, a cut body, bytes that are not HTTP."""
+
+
+class _Stale(ProtocolError):
+    """A reused connection closed before any byte of the response."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    scheme: str
+    host: str  # as connected to (no brackets around an IPv6 address)
+    port: int
+    authority: bytes  # the Host header
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    origin: Origin
+    path: bytes  # the request target, as written (nothing quoted again)
+
+    @classmethod
+    def parse(cls, url: str) -> Target:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        default = 443 if parts.scheme == "https" else 80
+        port = parts.port or default
+        authority = parts.netloc.rpartition("@")[2]
+        origin = Origin(parts.scheme, parts.hostname, port, authority.encode("idna"))
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        return cls(origin, path.encode("latin-1"))
+
+
+class Connection(asyncio.Protocol):
+    """One connection to an engine and the response it is reading."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, origin: Origin, read_timeout: float
+    ) -> None:
+        self._loop = loop
+        self.origin = origin
+        self._read_timeout = read_timeout
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.counted = True  # among the pool's open connections
+        self.idle_since = 0.0
+        self.reused = False
+        # The response being read.
+        self._head: asyncio.Future[tuple[int, list[tuple[bytes, bytes]]]] | None = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self._complete = False
+        self._keep_alive = False
+        self._informational = False
+        self._head_only = False  # a response to HEAD: no body, whatever its length says
+        self._until_close = False  # a body that ends when the connection does
+        self._paused = False
+        self._last_data = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._last_data = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ProtocolError(f"not HTTP: {exc}"))
+            self.close()
+
+    def eof_received(self) -> bool:
+        self.closed = True  # the engine is done with this connection: not reused
+        return False  # the transport closes; connection_lost ends a response read till now
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._stop_timer()
+        if self._head is None or self._complete:
+            return
+        if self._until_close and self._head.done() and exc is None:
+            self.on_message_complete()  # the body was everything until the close
+            return
+        if not self._head.done() and self.reused and not self._headers:
+            self._fail(_Stale("the kept-alive connection was closed"))
+        else:
+            self._fail(ProtocolError(f"connection closed mid-response ({exc or 'EOF'})"))
+
+    def pause_writing(self) -> None:  # the body waits in the transport's buffer
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # -- httptools callbacks -----------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # 100 Continue and the like: not the answer
+            self._informational = True
+            self._headers = []
+            return
+        headers, self._headers = self._headers, []
+        lengths = {name.lower() for name, _ in headers} & {b"content-length", b"transfer-encoding"}
+        self._until_close = not lengths and status not in (204, 304) and not self._head_only
+        if self._head is not None and not self._head.done():
+            self._head.set_result((status, headers))
+        if self._head_only:
+            self._complete = True
+            self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > BUFFERED and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if self._informational:
+            self._informational = False
+            return
+        self._complete = True
+        # llhttp knows it only until it resets for the next message.
+        self._keep_alive = self._parser.should_keep_alive()
+        self._stop_timer()
+        self._wake()
+
+    # -- the exchange ----------------------------------------------------------------
+
+    def send(self, head: bytes, body: bytes | None, *, head_only: bool) -> None:
+        """Write a request; its response starts being read."""
+        assert self.transport is not None
+        if self.closed or self.transport.is_closing():
+            raise _Stale("the kept-alive connection is closing")
+        self._head = self._loop.create_future()
+        self._headers, self._chunks, self._buffered = [], collections.deque(), 0
+        self._error, self._complete, self._informational = None, False, False
+        self._keep_alive = False
+        self._head_only, self._until_close = head_only, False
+        self._last_data = self._loop.time()
+        self._arm(self._last_data + self._read_timeout)
+        if body:
+            self.transport.writelines([head, body])
+        else:
+            self.transport.write(head)
+
+    async def head(self) -> tuple[int, list[tuple[bytes, bytes]]]:
+        assert self._head is not None
+        return await self._head
+
+    async def next_chunk(self) -> bytes | None:
+        """The next piece of the body; None at its end."""
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self._buffered -= len(chunk)
+                if self._paused and self._buffered <= BUFFERED // 2 and self.transport:
+                    self._paused = False
+                    self.transport.resume_reading()
+                return chunk
+            if self._error is not None:
+                raise self._error
+            if self._complete:
+                return None
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def reusable(self) -> bool:
+        """Whether the response was read to its end and the connection can serve another."""
+        return (
+            self._complete
+            and not self._chunks
+            and not self.closed
+            and not self._head_only
+            and not self._until_close
+            and self._keep_alive
+        )
+
+    def close(self) -> None:
+        self.closed = True
+        self._stop_timer()
+        if self.transport is not None:
+            self.transport.close()
+
+    # --
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(error)
+            self._head.exception()  # retrieved: a request cancelled meanwhile logs nothing
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is None:
+            self._timer = self._loop.call_at(when, self._check_timeout)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check_timeout(self) -> None:
+        self._timer = None
+        if self._complete or self.closed:
+            return
+        due = self._last_data + self._read_timeout
+        if self._loop.time() < due:
+            self._arm(due)  # bytes came meanwhile: wait from the last of them
+            return
+        self._fail(ReadTimeout(f"no bytes from the engine for {self._read_timeout:g} s"))
+        self.close()
+
+
+class Pool:
+    """Connections to the engines, at most ``limit`` open at once; an idle one is kept
+    ``keepalive_expiry`` seconds (under the engine's own keep-alive, so a request never
+    goes out on a connection the engine is closing)."""
+
+    def __init__(
+        self,
+        limit: int,
+        keepalive_expiry: float,
+        connect_timeout: float,
+        read_timeout: float,
+    ) -> None:
+        self._limit = limit
+        self._keepalive = keepalive_expiry
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._idle: dict[Origin, list[Connection]] = {}
+        self._open = 0
+        self._freed: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._tls: ssl.SSLContext | None = None
+
+    async def request(
+        self, method: str, target: Target, headers: RawHeaders, body: bytes | None
+    ) -> Response:
+        """Send a request; return once its response head is in. Raises ConnectError,
+        ReadTimeout, ProtocolError."""
+        head = _request_head(method, target, headers, body)
+        for attempt in (1, 2):
+            connection = await self._acquire(target.origin)
+            try:
+                connection.send(head, body, head_only=method == "HEAD")
+                status, response_headers = await connection.head()
+            except _Stale:
+                self._discard(connection)
+                if attempt == 1 and method in IDEMPOTENT:
+                    continue  # the engine closed it as it was reused: nothing reached it
+                raise
+            except BaseException:
+                self._discard(connection)
+                raise
+            return Response(status, response_headers, connection, self)
+        raise AssertionError("unreachable")
+
+    async def _acquire(self, origin: Origin) -> Connection:
+        """A kept-alive connection to ``origin``, else a new one once there is room (an
+        idle one to another engine closed for it, or one freed): within connect_timeout."""
+        loop = asyncio.get_running_loop()
+        connection = self._kept(origin, loop.time())
+        if connection is not None:
+            return connection
+        async with asyncio.timeout(self._connect_timeout):
+            while self._open >= self._limit and not self._close_an_idle():
+                waiter = loop.create_future()
+                self._freed.append(waiter)
+                await waiter
+                connection = self._kept(origin, loop.time())
+                if connection is not None:
+                    return connection
+            self._open += 1
+            try:
+                return await self._connect(loop, origin)
+            except BaseException:
+                self._open -= 1
+                self._wake_one()
+                raise
+
+    def _kept(self, origin: Origin, now: float) -> Connection | None:
+        """The most recently used idle connection to ``origin`` that is still fresh."""
+        idle = self._idle.get(origin)
+        while idle:
+            connection = idle.pop()
+            usable = connection.transport is not None and not connection.transport.is_closing()
+            if usable and not connection.closed and now - connection.idle_since < self._keepalive:
+                connection.reused = True
+                return connection
+            self._discard(connection)
+        return None
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, origin: Origin) -> Connection:
+        tls = None
+        if origin.scheme == "https":
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            tls = self._tls
+        try:
+            _, connection = await loop.create_connection(
+                lambda: Connection(loop, origin, self._read_timeout),
+                origin.host,
+                origin.port,
+                ssl=tls,
+                server_hostname=origin.host if tls else None,
+            )
+        except (OSError, ssl.SSLError) as exc:
+            raise ConnectError(f"{origin.host}:{origin.port}: {exc}") from exc
+        return connection
+
+    def release(self, connection: Connection) -> None:
+        """A response is done with its connection: kept for the next request, or closed."""
+        if connection.reusable():
+            connection.idle_since = asyncio.get_running_loop().time()
+            self._idle.setdefault(connection.origin, []).append(connection)
+            self._wake_one()
+        else:
+            self._discard(connection)
+
+    def _discard(self, connection: Connection) -> None:
+        connection.close()
+        if connection.counted:
+            connection.counted = False
+            self._open -= 1
+            self._wake_one()
+
+    def _close_an_idle(self) -> bool:
+        for origin, idle in self._idle.items():
+            if idle:
+                self._discard(idle.pop(0))
+                if not idle:
+                    del self._idle[origin]
+                return True
+        return False
+
+    def _wake_one(self) -> None:
+        while self._freed:
+            waiter = self._freed.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.close()
+        self._idle.clear()
+
+
+class Response:
+    """A response whose head is in; its body read with ``chunks``, then ``aclose``."""
+
+    def __init__(
+        self, status: int, headers: list[tuple[bytes, bytes]], connection: Connection, pool: Pool
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self._connection: Connection | None = connection
+        self._pool = pool
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        connection = self._connection
+        if connection is None:
+            return
+        while (chunk := await connection.next_chunk()) is not None:
+            yield chunk
+
+    async def aclose(self) -> None:
+        """The connection back to the pool when the body was read to its end, else closed
+        (an engine aborts a request whose connection closes)."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._pool.release(connection)
+
+
+def _request_head(method: str, target: Target, headers: RawHeaders, body: bytes | None) -> bytes:
+    """Request line and headers: the caller's (hop-by-hop ones already dropped, proxy.headers),
+    then Host and the body's length."""
+    parts = [
+        b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (method.encode(), target.path, target.origin.authority)
+    ]
+    for name, value in headers:
+        parts += (name, b": ", value, b"\r\n")
+    if body is not None or method in _WITH_BODY:
+        parts.append(b"content-length: %d\r\n" % len(body or b""))
+    parts.append(b"\r\n")
+    return b"".join(parts)
