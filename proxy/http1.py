@@ -4,8 +4,8 @@ in one call, each response parsed by httptools (the parser uvicorn reads request
 What a proxy in front of engines needs and nothing more: no cookies, redirects,
 decompression, proxies or retries of requests that may have reached the engine. aiohttp,
 called as proxy.upstream called it, took 0.25-0.32 ms of CPU per request; the least an
-asyncio client can do, 0.05-0.10 ms (tests/benchmarks/client_cost.py): a fifth of the
-proxy's CPU on a 64 KB agent step. No I/O but the sockets it opens.
+asyncio client can do, 0.05-0.10 ms (tests/benchmarks/client_cost.py, run on aiohttp):
+a fifth of the proxy's CPU on a 64 KB agent step. No I/O but the sockets it opens.
 
 Per connection, one response at a time: its head (a future), then its body chunks as they
 arrive (paused reading past BUFFERED bytes not yet taken). The read timeout is one timer
