@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy import bodies, jsonio, splice
@@ -150,19 +150,22 @@ def test_a_client_field_given_another_value_is_not_written_twice() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(conversations(), st.sampled_from(STYLES), st.booleans())
+@example([{"role": "user", "content": "messages"}], STYLES[0], False)  # the key twice
 def test_other_fields_changed_around_the_clients_messages(
     messages: list[Any], style: dict[str, Any], copied: bool
 ) -> None:
     """The messages all the client's (its list or a copy), other fields changed (tools
-    put in order, one dropped, one added), the spans known: it parses as the whole encode,
-    and the messages array is the client's bytes of it."""
+    put in order, one dropped, one added): it parses as the whole encode, and where the
+    spans are known the messages array is the client's bytes of it."""
     tools = [{"type": "function", "function": {"name": n}} for n in ("b", "a")]
     request = {"tools": tools, "model": "m", "messages": messages, "user": "u"}
     body = body_of(request, style)
     client = jsonio.loads(body)
     found = bodies.message_spans(body)
-    assert found is not None
-    spans = found[1]
+    # The key written once, the spans are known; written again (a message's text is
+    # "messages") they cannot be told for sure, and the splice goes without them.
+    assert (found is not None) == (body.count(b'"messages"') == 1)
+    spans = None if found is None else found[1]
     listed = list(client["messages"]) if copied else client["messages"]
     forwarded = {"tools": tools[::-1], "model": "m", "messages": listed, "seed": 1}
     spliced = splice.encode(forwarded, client["messages"], body, spans, client)
