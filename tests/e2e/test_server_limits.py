@@ -27,6 +27,7 @@ LIMITS = Limits(
     head_timeout=0.5,
     body_timeout=0.5,
     max_client_connections=4,
+    max_body_bytes=1 << 20,
 )
 CHAT = b"POST /v1/chat/completions HTTP/1.1\r\nhost: p\r\ncontent-type: application/json\r\n"
 
