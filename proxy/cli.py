@@ -28,6 +28,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings.port,
         settings.upstream_base,
     )
+    heap.reuse_freed_pages()
     app = create_app(settings)
     heap.settle()
     uvicorn.run(

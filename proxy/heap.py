@@ -6,9 +6,18 @@ read, parsed, encoded again). glibc serves the first few from their own mappings
 raises its mmap threshold to the size of each one freed, so later ones come from the heap,
 which keeps a burst's high-water mark resident after the burst. ``malloc_trim`` gives
 the free pages back: after the overhead benchmark's run (all sizes, c=64 included),
-450 -> 366 MB resident in 6 ms. Fixing the threshold instead cost 2.6x the CPU per 1 MB
-request (a fresh mapping, zeroed, for every buffer). A C library other than glibc is left
-as it is.
+450 -> 366 MB resident in 6 ms. Fixing the threshold low instead cost 2.6x the CPU per
+1 MB request (a fresh mapping, zeroed, for every buffer). A C library other than glibc is
+left as it is.
+
+The raised threshold is not enough on its own (``reuse_freed_pages``): glibc also gives
+the heap's top back on every free that leaves more than twice the threshold free there,
+which a request's few megabyte buffers, freed together, do. The next request then faults
+every page in again. Whether that happens depends on what else sits at the heap's top, so
+a process falls into it or not by chance: in the overhead benchmark at 1 MB the same
+relay took 1.6 ms of CPU a request in one run and 4.6 ms in another, at about 750 page
+faults a request. The proxy sets both thresholds, once, and leaves the giving back to the
+trim.
 
 The collector (``settle``): CPython runs its youngest collection every 700 container
 objects allocated net of those freed, and each one walks the young objects alive. At c=64
@@ -29,16 +38,33 @@ from collections.abc import Callable
 
 TRIM_INTERVAL_S = 10.0
 YOUNG_THRESHOLD = 10_000
+# glibc's mallopt parameters (malloc.h) and the values the proxy serves with.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 << 20  # glibc's largest on 64-bit: bigger buffers get their own mapping
+TRIM_THRESHOLD = 128 << 20  # beyond a burst this large, free() gives the top back at once
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc(name: str) -> Callable[..., int] | None:
     try:
-        return ctypes.CDLL(None).malloc_trim  # glibc's, in the interpreter's C library
+        return getattr(ctypes.CDLL(None), name)  # in the interpreter's C library
     except (OSError, AttributeError):  # musl and others have none
         return None
 
 
-_TRIM = _malloc_trim()
+_TRIM = _glibc("malloc_trim")
+_MALLOPT = _glibc("mallopt") if _TRIM is not None else None  # musl's mallopt does nothing
+
+
+def reuse_freed_pages() -> bool:
+    """Keep freed buffers' pages in the heap for the next request's buffers, until the
+    periodic ``trim``: both thresholds set (setting either one stops glibc's raising of
+    the mmap threshold, so both are). Whether the C library took them."""
+    if _MALLOPT is None:
+        return False
+    mmap = _MALLOPT(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    trim = _MALLOPT(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    return bool(mmap and trim)
 
 
 def trim() -> bool:
