@@ -47,6 +47,9 @@ class Batch:
     own_overhead_ms: list[float] = dataclasses.field(default_factory=list)
     elapsed: float = 0.0
     cpu_s: float | None = None  # CPU time of the target's process during the batch
+    # Its minor page faults: freed buffers' pages given back and faulted in again by the
+    # next request show here (proxy.heap), and they can double the CPU at 1 MB.
+    faults: int | None = None
     untimed: int = 0  # requests sent but not timed (a session's first)
 
 
@@ -174,13 +177,14 @@ async def _one(
         batch.untimed += 1
 
 
-def _cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU time of a process (Linux /proc), or None."""
+def _usage(pid: int | None) -> tuple[float, int] | None:
+    """User + system CPU time of a process and its minor page faults (Linux /proc), or
+    None."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
 async def run_batch(
@@ -211,11 +215,11 @@ async def run_batch(
             timed = bodies is None or sent % STEPS_PER_SESSION > 0
             await _one(session, url, data, stream, batch, headers, timed)
 
-    cpu_before, started = _cpu_seconds(target.pid), time.perf_counter()
+    before, started = _usage(target.pid), time.perf_counter()
     await asyncio.gather(*(worker(index) for index in range(concurrency)))
     batch.elapsed = time.perf_counter() - started
-    if cpu_before is not None and (cpu_after := _cpu_seconds(target.pid)) is not None:
-        batch.cpu_s = cpu_after - cpu_before
+    if before is not None and (after := _usage(target.pid)) is not None:
+        batch.cpu_s, batch.faults = after[0] - before[0], after[1] - before[1]
     return batch
 
 
@@ -275,6 +279,7 @@ def summarize(target: Target, metric: str) -> dict[str, Any]:
     }
     if len(cpus) == len(target.batches):
         result["cpu_ms_per_request"] = sum(cpus) / count * 1000
+        result["faults_per_request"] = sum(b.faults or 0 for b in target.batches) / count
     if own := [v for b in target.batches for v in b.own_overhead_ms]:
         result["own_overhead_header_p50_ms"] = percentile(own, 50)
     return result
@@ -306,7 +311,7 @@ def cell_rows(stream: bool, concurrency: int, direct: Target, proxy: Target) -> 
 
 def markdown(rows: list[dict]) -> str:
     columns = "mode|c|metric|direct p50|direct p99|proxy p50|proxy p99|**added p50**|added p99"
-    columns += "|added p50 per round|req/s direct / proxy|proxy CPU/req"
+    columns += "|added p50 per round|req/s direct / proxy|proxy CPU/req|page faults/req"
     lines = ["| " + columns.replace("|", " | ") + " |", "|---" * (columns.count("|") + 1) + "|"]
     for r in rows:
         d, p, rounds = r["direct"], r["proxy"], r["added_p50_by_round_ms"]
@@ -317,8 +322,14 @@ def markdown(rows: list[dict]) -> str:
         cells += [f"{min(rounds):+.2f} .. {max(rounds):+.2f}"]
         cells += [f"{d['req_per_s']:,.0f} / {p['req_per_s']:,.0f}"]
         cells += ["-" if cpu is None else f"{cpu:.2f} ms"]
+        cells += [_faults(p)]
         lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     return "\n".join(lines)
+
+
+def _faults(summary: dict[str, Any]) -> str:
+    faults = summary.get("faults_per_request")
+    return "-" if faults is None else f"{faults:,.0f}"
 
 
 def environment() -> dict[str, Any]:
@@ -416,8 +427,9 @@ def compared(rows: list[dict], reference: str = "passthrough") -> str:
         key = (row["size"], row["mode"], row["concurrency"], row["metric"])
         cells.setdefault(key, {})[row["target"]] = row
     head = f"| request | mode | c | metric | {reference} added p50 | proxy added p50 | ratio "
-    head += f"| ratio by round | req/s {reference} / proxy | CPU/req {reference} / proxy |"
-    lines = [head, "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    head += f"| ratio by round | req/s {reference} / proxy | CPU/req {reference} / proxy "
+    head += f"| page faults/req {reference} / proxy |"
+    lines = [head, "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (size, mode, concurrency, metric), by in cells.items():
         if reference not in by or "proxy" not in by:
             continue
@@ -430,7 +442,7 @@ def compared(rows: list[dict], reference: str = "passthrough") -> str:
         lines.append(
             f"| {size} | {mode} | {concurrency} | {metric} | {bare['added_p50_ms']:+.2f} ms "
             f"| {ours['added_p50_ms']:+.2f} ms | {ratio:.2f}x | {by_round} | {rates} "
-            f"| {cpu_text} |"
+            f"| {cpu_text} | {_faults(bare['proxy'])} / {_faults(ours['proxy'])} |"
         )
     return "\n".join(lines)
 
