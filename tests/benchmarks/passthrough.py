@@ -1,7 +1,10 @@
 """The bar the proxy's overhead is measured against: a bare FastAPI app that forwards a chat
 completion's bytes to the upstream with aiohttp and relays the answer (streamed or not),
 nothing parsed, nothing rewritten. Same server stack as the proxy (uvicorn, uvloop,
-httptools). A benchmark's reference point, not a product.
+httptools), and the same glibc thresholds (proxy.heap.reuse_freed_pages): without them a
+relay of 1 MB bodies may fault every buffer's pages in again on each request, or not, by
+chance (1.6 or 4.6 ms of CPU a request in two runs), and the bar would move with it. A
+benchmark's reference point, not a product.
 
     python -m tests.benchmarks.passthrough PORT UPSTREAM_URL
 """
@@ -16,6 +19,8 @@ import aiohttp
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+
+from proxy import heap
 
 HOP_BY_HOP = {"connection", "content-length", "transfer-encoding", "keep-alive"}
 
@@ -59,6 +64,7 @@ def create(upstream: str) -> FastAPI:
 
 def main() -> None:
     port, upstream = int(sys.argv[1]), sys.argv[2]
+    heap.reuse_freed_pages()
     uvicorn.run(
         create(upstream),
         host="127.0.0.1",
