@@ -31,6 +31,7 @@ from proxy.errors import (
 )
 from proxy.exchange import Recorder
 from proxy.failopen import FailOpenLog
+from proxy.pieces import Body, joined
 from proxy.relay import StreamWatcher, relay_chunks
 from proxy.upstream import RawHeaders, Upstream, UpstreamResponse
 
@@ -118,7 +119,7 @@ class Call:
 
     # -- the upstream --------------------------------------------------------------------
 
-    async def send(self, content: bytes | None, *, parsed_body: bool) -> UpstreamResponse:
+    async def send(self, content: Body | None, *, parsed_body: bool) -> UpstreamResponse:
         """Forward the request; from here on a client leaving cancels the wait or the relay
         (closing the upstream connection, so vLLM aborts)."""
         exchange = self.exchange
@@ -144,7 +145,7 @@ class Call:
             exchange.error_kind = f"status_{response.status // 100}xx"
         return response
 
-    async def _send_to_engine(self, headers: RawHeaders, content: bytes | None) -> UpstreamResponse:
+    async def _send_to_engine(self, headers: RawHeaders, content: Body | None) -> UpstreamResponse:
         upstream, engines = self.services.upstream, self.services.engines
         method, target = self.down.method, self.down.target
         if engines is None:
@@ -233,9 +234,9 @@ class Call:
     def _is_event_stream(self) -> bool:
         return self.response is not None and hdrs.is_event_stream(self.response.headers)
 
-    def log_body(self, kind: str, body: bytes) -> None:
+    def log_body(self, kind: str, body: Body) -> None:
         if self.settings.log_bodies:
-            body_log.info("%s %s", kind, body.decode(errors="replace"))
+            body_log.info("%s %s", kind, joined(body).decode(errors="replace"))
 
 
 def _being_cancelled() -> bool:

@@ -25,6 +25,7 @@ from proxy.engines import Engine
 from proxy.errors import BadRequest
 from proxy.failopen import FailOpenLog
 from proxy.fanout import FanoutGate
+from proxy.pieces import Body
 from proxy.relay import ChatStreamWatcher, StreamWatcher
 from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.stream_usage import request_usage
@@ -283,12 +284,13 @@ class ChatCall(Call):
             return with_usage
         return forwarded
 
-    def encode(self, forwarded: dict[str, Any], body: bytes) -> bytes:
+    def encode(self, forwarded: dict[str, Any], body: bytes) -> Body:
         """The request as it goes upstream; the messages it passed on untouched as the
-        client's bytes of them (proxy.splice)."""
+        client's bytes of them, not copied (proxy.splice)."""
         try:
             payload = self.payload
-            return splice.encode(forwarded, payload.get("messages"), body, self.spans, payload)
+            messages = payload.get("messages")
+            return splice.encode_pieces(forwarded, messages, body, self.spans, payload)
         except jsonio.InvalidJSON as exc:  # fail open: the client's own bytes go instead
             log.warning("cannot encode the rewritten request (%s); forwarding it as sent", exc)
             self.exchange.rewrite_failures += ("encode",)

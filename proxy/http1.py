@@ -23,6 +23,8 @@ from collections.abc import AsyncIterator, Sequence
 
 import httptools
 
+from proxy.pieces import Body, Pieces
+
 RawHeaders = Sequence[tuple[bytes, bytes]]
 # Body bytes held for the reader before the connection stops reading (the engine waits).
 BUFFERED = 1 << 20
@@ -183,7 +185,7 @@ class Connection(asyncio.Protocol):
 
     # -- the exchange ----------------------------------------------------------------
 
-    def send(self, head: bytes, body: bytes | None, *, head_only: bool) -> None:
+    def send(self, head: bytes, body: Body | None, *, head_only: bool) -> None:
         """Write a request; its response starts being read."""
         assert self.transport is not None
         if self.closed or self.transport.is_closing():
@@ -195,7 +197,9 @@ class Connection(asyncio.Protocol):
         self._head_only, self._until_close = head_only, False
         self._last_data = self._loop.time()
         self._arm(self._last_data + self._read_timeout)
-        if body:
+        if isinstance(body, Pieces):  # one writev: the pieces are not joined first
+            self.transport.writelines([head, *body.parts])
+        elif body:
             self.transport.writelines([head, body])
         else:
             self.transport.write(head)
@@ -298,7 +302,7 @@ class Pool:
         self._tls: ssl.SSLContext | None = None
 
     async def request(
-        self, method: str, target: Target, headers: RawHeaders, body: bytes | None
+        self, method: str, target: Target, headers: RawHeaders, body: Body | None
     ) -> Response:
         """Send a request; return once its response head is in. Raises ConnectError,
         ReadTimeout, ProtocolError."""
@@ -437,7 +441,7 @@ class Response:
             self._pool.release(connection)
 
 
-def _request_head(method: str, target: Target, headers: RawHeaders, body: bytes | None) -> bytes:
+def _request_head(method: str, target: Target, headers: RawHeaders, body: Body | None) -> bytes:
     """Request line and headers: the caller's (hop-by-hop ones already dropped, proxy.headers),
     then Host and the body's length."""
     parts = [
@@ -446,6 +450,6 @@ def _request_head(method: str, target: Target, headers: RawHeaders, body: bytes 
     for name, value in headers:
         parts += (name, b": ", value, b"\r\n")
     if body is not None or method in _WITH_BODY:
-        parts.append(b"content-length: %d\r\n" % len(body or b""))
+        parts.append(b"content-length: %d\r\n" % (0 if body is None else len(body)))
     parts.append(b"\r\n")
     return b"".join(parts)

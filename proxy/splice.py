@@ -11,7 +11,9 @@ copied once. Where each message's bytes are is known when the body was parsed as
 continuation of an earlier one (proxy.bodies); otherwise a big body is scanned for them
 (``bodies.message_spans``). What reaches the engine parses to the same request as the
 whole encode; only the client's spacing and escapes are kept in and between the untouched
-messages, and it is the same bytes whichever way the spans were found. Pure: no I/O.
+messages, and it is the same bytes whichever way the spans were found. On the request
+path the pieces are not even joined (``encode_pieces``, proxy.pieces): they go to the
+engine's socket as they are, and the history is not copied at all. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import orjson
 
 from proxy import bodies, jsonio, tool_forms
+from proxy.pieces import Body, Pieces, joined
 from proxy.transcript import replaced, same_objects
 
 _MISSING = object()
@@ -41,6 +44,17 @@ def encode(
     spans: Sequence[bodies.Span] | None = None,
     client: dict[str, Any] | None = None,
 ) -> bytes:
+    """``encode_pieces``, joined."""
+    return joined(encode_pieces(forwarded, client_messages, body, spans, client))
+
+
+def encode_pieces(
+    forwarded: dict[str, Any],
+    client_messages: Any,
+    body: bytes,
+    spans: Sequence[bodies.Span] | None = None,
+    client: dict[str, Any] | None = None,
+) -> Body:
     """``forwarded`` as JSON, its messages that are ``client_messages``' own objects as the
     client's bytes of them (``body``: the client's request, which ``client_messages`` were
     parsed from; ``spans``: where each of them is in it, if known). Where the rewrites
@@ -62,7 +76,7 @@ def encode(
         return jsonio.dumps(forwarded)
 
 
-def _extended(forwarded: dict[str, Any], client: dict[str, Any], body: bytes) -> bytes | None:
+def _extended(forwarded: dict[str, Any], client: dict[str, Any], body: bytes) -> Body | None:
     """``body`` with the fields ``forwarded`` adds written before its closing brace, where
     every field of ``client`` is still its own object (its messages may be a new list of
     the same objects): a request the rewrites only asked ``parallel_tool_calls`` or
@@ -87,8 +101,8 @@ def _extended(forwarded: dict[str, Any], client: dict[str, Any], body: bytes) ->
         return None
     if not added:
         return body
-    head = memoryview(body)[: end - 1]  # one copy of the client's bytes, in the join
-    return b"".join((head, b"," if client else b"", b",".join(added), b"}"))
+    head = memoryview(body)[: end - 1]  # the client's bytes, not copied
+    return Pieces((head, b"," if client else b"", b",".join(added), b"}"))
 
 
 def _same_list(now: Any, before: Any) -> bool:
@@ -101,11 +115,11 @@ def _joined(
     client_messages: list[Any],
     body: bytes,
     spans: Sequence[bodies.Span],
-) -> bytes:
+) -> Pieces:
     """``forwarded`` with each run of consecutive client messages as one slice of ``body``
-    (``spans``: theirs in it), joined in without a copy before the one of the join; the
-    other messages and fields encoded. A history with a rewritten system prompt and one
-    message that carries a note is three runs and two encoded messages."""
+    (``spans``: theirs in it), not copied; the other messages and fields encoded. A
+    history with a rewritten system prompt and one message that carries a note is three
+    runs and two encoded messages."""
     view = memoryview(body)
     if len(messages) == len(client_messages):
         elements = _in_place(messages, client_messages, view, spans)
@@ -127,7 +141,7 @@ def _joined(
             parts.append(orjson.dumps(value))
     parts[0] = b"{"
     parts.append(b"}")
-    return b"".join(parts)
+    return Pieces(parts)
 
 
 Elements = list[bytes | memoryview]  # each a run of client messages' bytes, or one encoded

@@ -20,6 +20,7 @@ from proxy import http1, jsonio
 from proxy.config import Settings
 from proxy.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout
 from proxy.headers import upstream_credentials
+from proxy.pieces import Body, joined
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
 URLS_KEPT = 256
@@ -69,7 +70,7 @@ class Upstream:
         method: str,
         path: str,
         headers: RawHeaders,
-        body: bytes | None,
+        body: Body | None,
         *,
         base: str = "",
     ) -> UpstreamResponse:
@@ -102,13 +103,17 @@ class Upstream:
         method: str,
         target: http1.Target,
         headers: RawHeaders,
-        body: bytes | None,
+        body: Body | None,
         deadline: float | None,
     ) -> UpstreamResponse:
         origin = target.origin
         url = f"{origin.scheme}://{origin.authority.decode()}{target.path.decode('latin-1')}"
         request = httpx.Request(
-            method, url, headers=headers, content=body, extensions=self._extensions
+            method,
+            url,
+            headers=headers,
+            content=None if body is None else joined(body),
+            extensions=self._extensions,
         )
         assert self._transport is not None
         response = await self._transport.handle_async_request(request)

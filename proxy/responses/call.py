@@ -20,6 +20,7 @@ from proxy import jsonio
 from proxy.chat import ChatCall, ChatServices
 from proxy.downstream import Downstream
 from proxy.errors import ProxyError
+from proxy.pieces import Body
 from proxy.relay import StreamWatcher
 from proxy.responses import events, items
 from proxy.tracker import Turn
@@ -72,7 +73,7 @@ class ResponsesCall(ChatCall):
     def ask_for_usage(self, forwarded: dict[str, Any]) -> dict[str, Any]:
         return forwarded  # a response always reports its usage
 
-    def encode(self, forwarded: dict[str, Any], body: bytes) -> bytes:
+    def encode(self, forwarded: dict[str, Any], body: bytes) -> Body:
         """The client's request with the conversation the pipeline made."""
         try:
             wire = items.to_responses(self.original, forwarded, self.payload)

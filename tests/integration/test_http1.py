@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from proxy import http1
+from proxy import http1, pieces
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -255,6 +255,32 @@ async def test_a_big_body_arrives_intact_through_paused_reading(
                 await asyncio.sleep(0)  # a slow reader: the server's bytes pile up
         await response.aclose()
     assert b"".join(received) == body
+    connections.close()
+
+
+@pytest.mark.anyio
+async def test_a_body_in_pieces_arrives_as_their_bytes_in_order() -> None:
+    """Views of the client's body and encoded parts around them, written without being
+    joined: 4 MB, more than a socket takes at once, so the rest waits in the transport
+    as the pieces it was given."""
+    history = bytes(range(256)) * (16 << 10)
+    view = memoryview(history)
+    parts = [b'{"messages":[', view[: 1 << 20], b",", b'"new"', b",", view[1 << 20 :], b"]}"]
+    body = pieces.Pieces(parts)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, server)
+        writer.write(OK)
+        await writer.drain()
+
+    connections = pool()
+    async with serving(handle) as server:
+        target = http1.Target.parse(server.url + "/v1/chat/completions")
+        response = await connections.request("POST", target, [], body)
+        await response.aclose()
+    head, _, sent = server.requests[0].partition(b"\r\n\r\n")
+    assert b"content-length: %d" % len(b"".join(parts)) in head
+    assert sent == b"".join(parts)
     connections.close()
 
 

@@ -11,6 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy import bodies, jsonio, splice
+from proxy.pieces import Pieces
 from tests.support.conversations import conversations
 
 # How clients write JSON: compact, Python's default spacing, indented, ASCII escapes.
@@ -173,3 +174,21 @@ def test_other_fields_changed_around_the_clients_messages(
     if spans:
         assert body[spans[0][0] : spans[-1][1]] in spliced
     assert list(jsonio.loads(spliced)) == list(forwarded)  # the forwarded field order
+
+
+def test_the_history_goes_as_views_of_the_clients_body_not_copies() -> None:
+    """On the request path the pieces are not joined: the untouched run of messages is a
+    view into the client's body (its bytes are not copied), and the pieces join to what
+    ``encode`` gives."""
+    messages = [{"role": "user", "content": f"step {n} " + "x" * 2000} for n in range(40)]
+    body = body_of({"model": "m", "messages": messages}, STYLES[1])
+    found = bodies.message_spans(body)
+    assert found is not None
+    client = jsonio.loads(body)
+    forwarded = forwarded_from(client, changed={39})
+    wire = splice.encode_pieces(forwarded, client["messages"], body, found[1])
+    assert isinstance(wire, Pieces)
+    views = [part for part in wire.parts if isinstance(part, memoryview)]
+    assert views and all(view.obj is body for view in views)
+    assert sum(map(len, views)) > len(body) * 0.9
+    assert bytes(wire) == splice.encode(forwarded, client["messages"], body, found[1])
