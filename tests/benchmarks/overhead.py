@@ -194,9 +194,11 @@ async def run_batch(
     concurrency: int,
     count: int,
     bodies: AgentSessions | None = None,
+    think_s: float = 0.0,
 ) -> Batch:
     """``count`` requests from ``concurrency`` closed-loop workers (``bodies``: growing agent
-    sessions, else one small request)."""
+    sessions, else one small request), each pausing ``think_s`` after every answer (an
+    agent running its tools)."""
     url, body, batch = target.url + CHAT, request_body(stream), Batch()
     remaining = count
 
@@ -214,6 +216,8 @@ async def run_batch(
             data = body if bodies is None else bodies.body(index + 1000 * target.cells, sent)
             timed = bodies is None or sent % STEPS_PER_SESSION > 0
             await _one(session, url, data, stream, batch, headers, timed)
+            if think_s:
+                await asyncio.sleep(think_s)
 
     before, started = _usage(target.pid), time.perf_counter()
     await asyncio.gather(*(worker(index) for index in range(concurrency)))
@@ -235,6 +239,7 @@ async def measure_cell(
     requests: int,
     rounds: int,
     bodies: AgentSessions | None = None,
+    think_s: float = 0.0,
 ) -> None:
     """Warm up a fresh keep-alive pool per target, then alternate rounds between targets
     (reversing the order every other round)."""
@@ -247,11 +252,13 @@ async def measure_cell(
             target.batches, target.sent = [], {}
             target.cells += 1
             warm = warm_up_requests(concurrency)
-            await run_batch(session, target, stream, concurrency, warm, bodies)
+            await run_batch(session, target, stream, concurrency, warm, bodies, think_s)
         for index in range(rounds):
             for target, session in pairs if index % 2 == 0 else reversed(pairs):
                 count = requests // rounds
-                batch = await run_batch(session, target, stream, concurrency, count, bodies)
+                batch = await run_batch(
+                    session, target, stream, concurrency, count, bodies, think_s
+                )
                 target.batches.append(batch)
     finally:
         for _, session in pairs:
@@ -380,6 +387,14 @@ def parse_args() -> argparse.Namespace:
         help="also measure the proxy of another checkout (e.g. a git worktree of the commit "
         "before a change) in the same alternating rounds",
     )
+    add(
+        "--think-ms",
+        type=float,
+        default=0.0,
+        help="each worker pauses this long after every answer, as an agent runs its tools "
+        "between steps (default 0: the next request at once, which also puts whatever a "
+        "target does after answering on the next request's time)",
+    )
     add("--json", metavar="OUT", type=Path, help="also write the figures to this file")
     add(
         "--store-size",
@@ -410,7 +425,15 @@ async def measure(args: argparse.Namespace, direct: Target, others: list[Target]
                 bodies = AgentSessions(SIZES[size], stream)
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 targets = [direct, *others]
-                await measure_cell(targets, stream, concurrency, args.requests, args.rounds, bodies)
+                await measure_cell(
+                    targets,
+                    stream,
+                    concurrency,
+                    args.requests,
+                    args.rounds,
+                    bodies,
+                    args.think_ms / 1000,
+                )
                 for target in others:
                     for row in cell_rows(stream, concurrency, direct, target):
                         row.update(size=size, target=target.name)
@@ -547,11 +570,13 @@ JSON = {"content-type": "application/json"}
 
 def report(args: argparse.Namespace, env: dict[str, Any], rows: list[dict]) -> None:
     print(f"\n#### Proxy overhead, {env['date']}: {env['cores']} cores, Python {env['python']}\n")
+    pause = f", {args.think_ms:g} ms pause after each answer" if args.think_ms else ""
     print(
         f"{env['platform']}; loopback; fake upstream on uvloop; client {env['client']}; "
-        f"{args.requests} requests per cell and target in {args.rounds} alternating rounds. "
-        "Client, proxy and upstream share the cores: at c=64 the CPU is saturated, so added "
-        "latency there is mostly queueing (about c x the proxy's CPU per request). Times in ms.\n"
+        f"{args.requests} requests per cell and target in {args.rounds} alternating "
+        f"rounds{pause}. Client, proxy and upstream share the cores: at c=64 the CPU is "
+        "saturated, so added latency there is mostly queueing (about c x the proxy's CPU per "
+        "request). Times in ms.\n"
     )
     for target in dict.fromkeys(r["target"] for r in rows):
         print(f"\n**{target}** against direct\n")
