@@ -134,6 +134,8 @@ class Call:
         # Time held behind a fan-out leader is waiting by design, not the proxy's cost.
         exchange.overhead_s = time.perf_counter() - exchange.started - exchange.held_s
         self.down.watch()
+        # Runs once the request is written, as this call starts waiting for the answer.
+        asyncio.get_running_loop().call_soon(self.while_engine_reads)
         try:
             response = await self._send_to_engine(upstream_headers, content)
         except UpstreamError as error:
@@ -165,6 +167,9 @@ class Call:
         self.engine = engine
         self.services.recorder.metrics.engine_requests.labels(engine.url).inc()
         return response
+
+    def while_engine_reads(self) -> None:
+        """Work for the time the engine reads the request (none here): it must not wait."""
 
     def routing_headers(self) -> list[tuple[bytes, bytes]]:
         """Headers for a router in front of the engines (upstream_session_header)."""

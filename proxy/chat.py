@@ -342,6 +342,10 @@ class ChatCall(Call):
 
     # -- record --------------------------------------------------------------------------
 
+    def while_engine_reads(self) -> None:
+        if self.turn is not None and self.chat.sessions is not None:
+            self.chat.sessions.prepare(self.turn)
+
     async def record_reply(self) -> None:
         """The reply into its session (once; only a complete, successful one)."""
         if self.turn is not None and self.chat.sessions is not None:

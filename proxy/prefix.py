@@ -84,23 +84,20 @@ def remember(
     rewritten: Sequence[Any] | None = None,
     forwarded_chain: Sequence[bytes] | None = None,
     memo: Memo | None = None,
+    substituted: Sequence[tuple[bytes, Any]] | None = None,
 ) -> None:
     """After a reply: record what was sent in place of each client message, and the reply
     as emitted, so the next request's history can be restored to exactly these bytes.
     ``keys``: the client messages' chain keys, if already computed. ``rewritten``: the
     pipeline's messages, one per client message, when compaction made ``forwarded``
     shorter (compaction keeps its own record, proxy.compaction). ``forwarded_chain``:
-    ``exact_chain(forwarded)``, if already computed; ``memo``: the conversation's digests."""
+    ``exact_chain(forwarded)``, if already computed; ``memo``: the conversation's digests;
+    ``substituted``: ``substitutions`` of this request, if already worked out."""
     keys = list(keys) if keys is not None else chain_keys(client_messages, mask)
-    rewritten = forwarded if rewritten is None else rewritten
-    if len(rewritten) == len(client_messages):
-        # The few the rewrites replaced: most are the client's own objects.
-        for index in replaced(rewritten, client_messages):
-            sent, given = rewritten[index], client_messages[index]
-            # A system prompt is rewritten afresh every time (its volatile values move to
-            # the newest message); restoring an old one would hide the new values.
-            if sent != given and not _is_system(given):
-                session.substitute(keys[index], sent)
+    if substituted is None:
+        substituted = substitutions(client_messages, forwarded, keys, rewritten)
+    for key, sent in substituted:
+        session.substitute(key, sent)
     if forwarded_chain is None or len(forwarded_chain) != len(forwarded):
         forwarded_chain = exact_chain(forwarded, memo)
     chain = list(forwarded_chain)
@@ -111,6 +108,28 @@ def remember(
     session.last_tools = tools_digest(tools)
     session.last_prompt_tokens = prompt_tokens
     session.last_completion_tokens = completion_tokens
+
+
+def substitutions(
+    client_messages: Sequence[Any],
+    forwarded: Sequence[Any],
+    keys: Sequence[bytes],
+    rewritten: Sequence[Any] | None = None,
+) -> list[tuple[bytes, Any]]:
+    """(key, message sent) for each client message the rewrites replaced: what the next
+    request's history is restored to. Needs only the request (see ``remember``)."""
+    rewritten = forwarded if rewritten is None else rewritten
+    if len(rewritten) != len(client_messages):
+        return []
+    found = []
+    # The few the rewrites replaced: most are the client's own objects.
+    for index in replaced(rewritten, client_messages):
+        sent, given = rewritten[index], client_messages[index]
+        # A system prompt is rewritten afresh every time (its volatile values move to the
+        # newest message); restoring an old one would hide the new values.
+        if sent != given and not _is_system(given):
+            found.append((keys[index], sent))
+    return found
 
 
 def _is_system(message: Any) -> bool:

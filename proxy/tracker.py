@@ -76,8 +76,10 @@ class Turn:
     # The Responses API id of the reply, pointed to this session when saved (a later
     # request chaining on it finds the session, and so the engine that stored it).
     response_id: str = ""
-    # The record's note carriers and lines after this request (None: not worked out yet).
+    # The record's note carriers and lines after this request, and its substitutions
+    # (proxy.prefix.substitutions); None: not worked out yet (SessionTracker.prepare).
     notes: tuple[tuple[bytes, ...], tuple[str, ...]] | tuple[()] | None = None
+    substituted: list[tuple[bytes, Any]] | None = None
     recorded: bool = False
 
     def __post_init__(self) -> None:
@@ -341,16 +343,32 @@ class SessionTracker:
         exchange.expected_cached = continuity.expected_cached
         exchange.learned_lines = turn.learned_moved
 
-    def _note_placed(self, turn: Turn, session: Session) -> None:
+    def prepare(self, turn: Turn) -> None:
+        """What the record of this request's reply needs of the request alone (its
+        substitutions, its notes), worked out while the engine reads the request: not
+        between the reply and the client's next request, and, streamed, not before the
+        client hears [DONE]. Fail open: ``close`` works out what this did not."""
+        try:
+            self._substituted(turn)
+            self._notes(turn)
+        except Exception:  # close does it again, and reports what fails
+            pass
+
+    def _substituted(self, turn: Turn) -> list[tuple[bytes, Any]]:
+        if turn.substituted is None:
+            turn.substituted = prefix.substitutions(
+                turn.client_messages, turn.forwarded_messages, turn.keys, turn.rewritten_messages
+            )
+        return turn.substituted
+
+    def _notes(self, turn: Turn) -> tuple[tuple[bytes, ...], tuple[str, ...]] | tuple[()]:
         """Which messages carry the notes of volatile lines (see move_volatile), after
-        this request: worked out once, from the record the request was rewritten with
-        (``session`` may be a fresher load of it, after a lost compare and set)."""
+        this request: worked out once, from the record the request was rewritten with."""
         if turn.notes is None:
             turn.notes = notes_after(
                 turn.client_messages, self.detector, turn.session, turn.lookup_keys, turn.keys
             )
-        if turn.notes:
-            session.note_carriers, session.last_note_lines = turn.notes
+        return turn.notes
 
     async def close(self, turn: Turn, exchange: Exchange) -> None:
         """After the reply: remember it (only a complete, successful one; once), let the
@@ -391,6 +409,7 @@ class SessionTracker:
             rewritten=turn.rewritten_messages,
             forwarded_chain=turn.forwarded_chain,
             memo=turn.memo,
+            substituted=self._substituted(turn),
         )
         self._memos.keep(session.key, turn.memo)
         calls = exchange.reply.get("tool_calls")
@@ -399,7 +418,10 @@ class SessionTracker:
         # The first values seen stay pinned for the session (setdefault: first wins).
         for key, value in pinnable(turn.template_kwargs, self.detector).items():
             session.pinned_template_kwargs.setdefault(key, value)
-        self._note_placed(turn, session)
+        # From the record the request was rewritten with (``session`` may be a fresher
+        # load of it, after a lost compare and set).
+        if notes := self._notes(turn):
+            session.note_carriers, session.last_note_lines = notes
         lead = leading_system(turn.client_messages)
         session.system_key = turn.keys[lead - 1] if lead else b""
         if not session.head:

@@ -239,14 +239,21 @@ class Proxy:
         )
 
     def step(
-        self, messages: list, reply: dict, *, usage: bool = True, before_close: Any = None
+        self,
+        messages: list,
+        reply: dict,
+        *,
+        usage: bool = True,
+        before_close: Any = None,
+        prepared: bool = False,
     ) -> tuple[list, str]:
         """One request, its reply recorded, and what it posted in the background applied.
-        ``before_close``: awaited with the turn before the reply is recorded."""
-        return asyncio.run(self._step(messages, reply, usage, before_close))
+        ``before_close``: awaited with the turn before the reply is recorded; ``prepared``:
+        the record's request-only part worked out first, as while the engine reads."""
+        return asyncio.run(self._step(messages, reply, usage, before_close, prepared))
 
     async def _step(
-        self, messages: list, reply: dict, usage: bool, before_close: Any
+        self, messages: list, reply: dict, usage: bool, before_close: Any, prepared: bool
     ) -> tuple[list, str]:
         from proxy.exchange import Exchange
 
@@ -259,6 +266,9 @@ class Proxy:
         forwarded = self.pipeline.apply(request, context).request
         exchange = Exchange("/v1/chat/completions", "POST", status=200)
         self.tracker.forward(turn, forwarded, exchange)
+        if prepared:
+            self.tracker.prepare(turn)
+            assert turn.notes is not None and turn.substituted is not None
         exchange.usage = {"prompt_tokens": 10, "completion_tokens": 1} if usage else None
         exchange.reply = reply
         if before_close is not None:
@@ -291,6 +301,29 @@ def test_a_clocked_agent_keeps_its_prefix_and_sees_every_new_time(proxy: Proxy) 
     third, reason = proxy.step([clocked(2), USER, answer, follow, answer, USER], answer)
     assert reason == "none" and third[:5] == [*second, answer]
     assert third[5] == USER  # the time did not change: no new note
+
+
+def test_a_record_prepared_while_the_engine_reads_is_the_one_worked_out_after() -> None:
+    """SessionTracker.prepare moves the request-only part of the record (substitutions,
+    notes) to before the reply: every step forwards the same messages and the stores end
+    with the same records, byte for byte, through notes, restored replies, a changed
+    clock, a rewritten history and a second conversation."""
+    plain, prepared = Proxy(CodecStore()), Proxy(CodecStore())
+    answer = {"role": "assistant", "content": "Sure."}
+    follow = {"role": "user", "content": "And Saturday?"}
+    other = {"role": "system", "content": "Be terse.\nNow: 2026-11-29 11:00:00 UTC"}
+    steps = [
+        ([clocked(1), USER], EMITTED),
+        ([clocked(2), USER, as_langchain_sends_it(EMITTED), RESULT], answer),
+        ([clocked(2), USER, as_langchain_sends_it(EMITTED), RESULT, answer, follow], EMITTED),
+        ([clocked(3), USER, follow], answer),  # a history rewritten by the client
+        ([other, USER], answer),
+        ([other, USER, answer, follow], EMITTED),
+    ]
+    for messages, reply in steps:
+        assert plain.step(messages, reply) == prepared.step(messages, reply, prepared=True)
+    records = [dict(proxy.tracker.store._records) for proxy in (plain, prepared)]
+    assert records[0] == records[1] and len(records[0]) >= 2
 
 
 def test_a_retried_request_is_forwarded_with_the_same_bytes(proxy: Proxy) -> None:
