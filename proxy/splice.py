@@ -102,7 +102,7 @@ def _extended(forwarded: dict[str, Any], client: dict[str, Any], body: bytes) ->
     if not added:
         return body
     head = memoryview(body)[: end - 1]  # the client's bytes, not copied
-    return Pieces((head, b"," if client else b"", b",".join(added), b"}"))
+    return Pieces((head, b"," if client else b"", b",".join(added), b"}"), (0, -1, -1, -1))
 
 
 def _same_list(now: Any, before: Any) -> bool:
@@ -125,26 +125,38 @@ def _joined(
         elements = _in_place(messages, client_messages, view, spans)
     else:
         elements = _runs(messages, client_messages, view, spans)
-    array: list[bytes | memoryview] = [b"["]
-    for element in elements:
-        array += (element, b",")
-    array[-1:] = [b"]"] if elements else [b"[", b"]"]
     parts: list[bytes | memoryview] = []
+    origins: list[int] = []  # where each part is in ``body``; -1: encoded
+    history_end = -1
     for key, value in forwarded.items():
-        parts += (b",", orjson.dumps(key), b":")
+        parts += (b",", orjson.dumps(key), b":[" if key == "messages" else b":")
+        origins += (-1, -1, -1)
         if key == "messages":
-            parts += array
-        elif key == "tools" and isinstance(value, list):
+            for element, origin in elements:
+                parts += (element, b",")
+                origins += (origin, -1)
+            if elements:
+                parts.pop()
+                origins.pop()
+            history_end = sum(map(len, parts))
+            parts.append(b"]")
+            origins.append(-1)
+            continue
+        if key == "tools" and isinstance(value, list):
             # Encoded once per list object (every step brings the same canonical list).
             parts.append(tool_forms.forms(value).encoded or orjson.dumps(value))
         else:
             parts.append(orjson.dumps(value))
+        origins.append(-1)
     parts[0] = b"{"
     parts.append(b"}")
-    return Pieces(parts)
+    origins.append(-1)
+    return Pieces(parts, origins, history_end)
 
 
-Elements = list[bytes | memoryview]  # each a run of client messages' bytes, or one encoded
+# Each a run of client messages' bytes and where it starts in their body, or one message
+# encoded (-1).
+Elements = list[tuple[bytes | memoryview, int]]
 
 
 def _in_place(
@@ -157,11 +169,11 @@ def _in_place(
     start = 0  # the run's first message
     for index in replaced(messages, client_messages):
         if index > start:
-            elements.append(view[spans[start][0] : spans[index - 1][1]])
-        elements.append(orjson.dumps(messages[index]))
+            elements.append((view[spans[start][0] : spans[index - 1][1]], spans[start][0]))
+        elements.append((orjson.dumps(messages[index]), -1))
         start = index + 1
     if start < len(messages):
-        elements.append(view[spans[start][0] : spans[-1][1]])
+        elements.append((view[spans[start][0] : spans[-1][1]], spans[start][0]))
     return elements
 
 
@@ -179,10 +191,10 @@ def _runs(
             last = n
             continue
         if first >= 0:
-            elements.append(view[spans[first][0] : spans[last][1]])
+            elements.append((view[spans[first][0] : spans[last][1]], spans[first][0]))
         first = last = -1 if n is None else n
         if n is None:
-            elements.append(orjson.dumps(message))
+            elements.append((orjson.dumps(message), -1))
     if first >= 0:
-        elements.append(view[spans[first][0] : spans[last][1]])
+        elements.append((view[spans[first][0] : spans[last][1]], spans[first][0]))
     return elements
