@@ -8,8 +8,10 @@ asyncio client can do, 0.05-0.10 ms (tests/benchmarks/client_cost.py, run on aio
 a fifth of the proxy's CPU on a 64 KB agent step. No I/O but the sockets it opens.
 
 Per connection, one response at a time: its head (a future), then its body chunks as they
-arrive (paused reading past BUFFERED bytes not yet taken). The read timeout is one timer
-per connection, moved on lazily: data arriving costs a float assignment, not a timer.
+arrive (paused reading past BUFFERED bytes not yet taken). A request's body may also go in
+chunks (``Pool.begin``): its first part on the wire while the proxy still builds the rest.
+The read timeout is one timer per connection, moved on lazily: data arriving costs a float
+assignment, not a timer.
 """
 
 from __future__ import annotations
@@ -323,6 +325,21 @@ class Pool:
             return Response(status, response_headers, connection, self)
         raise AssertionError("unreachable")
 
+    def begin(self, method: str, target: Target, headers: RawHeaders, first: Body) -> Upload | None:
+        """Start a request whose body goes in chunks (Transfer-Encoding: chunked), ``first``
+        written now, on a kept-alive connection to the target's engine; None where none is
+        idle (not worth a wait or a connect: the request then goes as usual)."""
+        connection = self._kept(target.origin, asyncio.get_running_loop().time())
+        if connection is None:
+            return None
+        head = _request_head(method, target, headers, None, chunked=True)
+        try:
+            connection.send(head, Pieces(_chunk(first)), head_only=False)
+        except _Stale:
+            self._discard(connection)
+            return None
+        return Upload(connection, self)
+
     async def _acquire(self, origin: Origin) -> Connection:
         """A kept-alive connection to ``origin``, else a new one once there is room (an
         idle one to another engine closed for it, or one freed): within connect_timeout."""
@@ -415,6 +432,42 @@ class Pool:
         self._idle.clear()
 
 
+class Upload:
+    """A request whose body is still being written: its last part and its response
+    (``finish``), or dropped (``abort``). Until its last chunk, the engine holds no whole
+    request, so it has run none: one dropped, or whose connection closed, may go again."""
+
+    def __init__(self, connection: Connection, pool: Pool) -> None:
+        self._connection: Connection | None = connection
+        self._pool = pool
+
+    def writable(self) -> bool:
+        """Whether the connection is still there to finish on (the engine may have closed
+        it as it was reused, or answered early and closed it)."""
+        connection = self._connection
+        if connection is None or connection.closed or connection.transport is None:
+            return False
+        return not connection.transport.is_closing()
+
+    async def finish(self, rest: Body) -> Response:
+        """Write ``rest`` and the end of the body; return once the response head is in."""
+        connection, self._connection = self._connection, None
+        assert connection is not None and connection.transport is not None
+        connection.transport.writelines([*_chunk(rest), b"0\r\n\r\n"])
+        try:
+            status, headers = await connection.head()
+        except BaseException:
+            self._pool._discard(connection)
+            raise
+        return Response(status, headers, connection, self._pool)
+
+    def abort(self) -> None:
+        """Drop the request: its connection is closed, and the engine never saw its end."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._pool._discard(connection)
+
+
 class Response:
     """A response whose head is in; its body read with ``chunks``, then ``aclose``."""
 
@@ -441,15 +494,27 @@ class Response:
             self._pool.release(connection)
 
 
-def _request_head(method: str, target: Target, headers: RawHeaders, body: Body | None) -> bytes:
+def _chunk(data: Body) -> list[bytes | memoryview]:
+    """``data`` as one chunk of a chunked body (none where empty: that would end it)."""
+    if not data:
+        return []
+    parts = data.parts if isinstance(data, Pieces) else (data,)
+    return [b"%x\r\n" % len(data), *parts, b"\r\n"]
+
+
+def _request_head(
+    method: str, target: Target, headers: RawHeaders, body: Body | None, *, chunked: bool = False
+) -> bytes:
     """Request line and headers: the caller's (hop-by-hop ones already dropped, proxy.headers),
-    then Host and the body's length."""
+    then Host and the body's length, or that the body comes in chunks."""
     parts = [
         b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (method.encode(), target.path, target.origin.authority)
     ]
     for name, value in headers:
         parts += (name, b": ", value, b"\r\n")
-    if body is not None or method in _WITH_BODY:
+    if chunked:
+        parts.append(b"transfer-encoding: chunked\r\n")
+    elif body is not None or method in _WITH_BODY:
         parts.append(b"content-length: %d\r\n" % (0 if body is None else len(body)))
     parts.append(b"\r\n")
     return b"".join(parts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from proxy import http1, jsonio
 from proxy.config import Settings
 from proxy.errors import UpstreamError, UpstreamProtocolError, UpstreamTimeout
 from proxy.headers import upstream_credentials
-from proxy.pieces import Body, joined
+from proxy.pieces import Body, Lead, joined
 
 RawHeaders = Sequence[tuple[bytes, bytes]]
 URLS_KEPT = 256
@@ -94,9 +95,44 @@ class Upstream:
                 response = await self._connections().request(method, target, headers, body)
         except _FAILURES as exc:
             raise self._translate(exc) from exc
+        return self._response(response, deadline)
+
+    def _response(self, response: http1.Response, deadline: float | None) -> UpstreamResponse:
         return UpstreamResponse(
             response.status, response.headers, response.chunks(), response.aclose, deadline, self
         )
+
+    def begin(
+        self,
+        method: str,
+        path: str,
+        headers: RawHeaders,
+        source: bytes,
+        lead: Lead,
+        *,
+        base: str = "",
+    ) -> Early | None:
+        """Start a request with the first part of its body, ``lead`` built from ``source``
+        (proxy.http1.Pool.begin); None where it cannot start at once (no idle connection to
+        ``base``, or a transport given instead of the pool)."""
+        if self._transport is not None:
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = None if self._total_timeout is None else loop.time() + self._total_timeout
+        target = self._target(base or self.base_url, path)
+        upload = self._connections().begin(method, target, headers, lead.rebuilt(source))
+        if upload is None:
+            return None
+        return Early(upload, base, list(headers), source, lead, deadline)
+
+    async def finish(self, early: Early, rest: Body) -> UpstreamResponse:
+        """The rest of a request ``begin`` started; as ``send`` from there."""
+        try:
+            async with asyncio.timeout_at(early.deadline):
+                response = await early.upload.finish(rest)
+        except _FAILURES as exc:
+            raise self._translate(exc) from exc
+        return self._response(response, early.deadline)
 
     async def _send_httpx(
         self,
@@ -175,6 +211,19 @@ class Upstream:
         if isinstance(root, (http1.ConnectError, httpx.ConnectError)):
             return UpstreamError(f"cannot connect to upstream {self.base_url}: {root}")
         return UpstreamProtocolError(f"upstream {self.base_url} broke the exchange: {root!r}")
+
+
+@dataclasses.dataclass(eq=False)
+class Early:
+    """A request on its way before it was built whole: where it goes, with which headers,
+    and how many bytes of its body are written."""
+
+    upload: http1.Upload
+    base: str
+    headers: list[tuple[bytes, bytes]]
+    source: bytes  # the client's body, which ``lead`` was built from
+    lead: Lead
+    deadline: float | None
 
 
 class UpstreamResponse:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from proxy import http1, pieces
+from tests.support.servers import serve
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -304,3 +306,59 @@ def test_targets_keep_the_path_as_written() -> None:
     assert http1.Target.parse("https://engine/v1").origin.port == 443
     with pytest.raises(ValueError):
         http1.Target.parse("ftp://engine/")
+
+
+class Bodies:
+    """An ASGI app (what vLLM serves with: uvicorn, httptools) that answers each request
+    with its body, and keeps every body it read to the end."""
+
+    def __init__(self) -> None:
+        self.whole: list[bytes] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        parts, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            parts.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(parts)
+        self.whole.append(body)
+        headers = [(b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+@pytest.mark.anyio
+async def test_a_body_begun_early_reaches_uvicorn_whole_and_one_dropped_never_does() -> None:
+    """Begun on a kept-alive connection only (none idle: not begun), the rest written
+    later: the app reads one body. Dropped before its end: the app reads none, and the
+    pool goes on."""
+    app = Bodies()
+    connections = pool()
+    first, rest = bytes(range(256)) * 1024, b'{"more": "bytes"}'
+    with serve(app) as url:
+        target = http1.Target.parse(url + "/v1/chat/completions")
+        headers = [(b"content-type", b"application/json")]
+        assert connections.begin("POST", target, headers, first) is None  # nothing idle
+        assert await fetch(connections, url, body=b"{}") == (200, b"{}")
+        upload = connections.begin("POST", target, headers, pieces.Pieces([first]))
+        assert upload is not None and upload.writable()
+        response = await upload.finish(rest)
+        assert response.status == 200
+        assert b"".join([chunk async for chunk in response.chunks()]) == first + rest
+        await response.aclose()
+        dropped = connections.begin("POST", target, headers, first)
+        assert dropped is not None
+        dropped.abort()
+        assert await fetch(connections, url, body=b"after") == (200, b"after")
+        empty = connections.begin("POST", target, headers, first)  # nothing more to write
+        assert empty is not None
+        response = await empty.finish(b"")
+        assert b"".join([chunk async for chunk in response.chunks()]) == first
+        await response.aclose()
+    assert app.whole == [b"{}", first + rest, b"after", first]
+    connections.close()

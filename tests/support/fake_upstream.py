@@ -353,9 +353,23 @@ async def _read_request(reader: asyncio.StreamReader) -> Received | None:
     lines = head.decode("latin-1").split("\r\n")
     method, path, _ = lines[0].split(" ", 2)
     headers = [tuple(line.split(": ", 1)) for line in lines[1:] if line]
-    length = next((int(v) for k, v in headers if k.lower() == "content-length"), 0)
-    body = await reader.readexactly(length) if length else b""
+    if any(k.lower() == "transfer-encoding" and "chunked" in v for k, v in headers):
+        body = await read_chunked(reader)
+    else:
+        length = next((int(v) for k, v in headers if k.lower() == "content-length"), 0)
+        body = await reader.readexactly(length) if length else b""
     return Received(method, path, headers, body)  # type: ignore[arg-type]
+
+
+async def read_chunked(reader: asyncio.StreamReader) -> bytes:
+    """A chunked request body, whole (chunk extensions and trailers ignored)."""
+    parts = []
+    while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+    while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, then the empty line
+        pass
+    return b"".join(parts)
 
 
 async def _send(
