@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 
 from proxy import jsonio
+from proxy.pieces import Lead
 from proxy.transcript import Known, role
 
 Span = tuple[int, int]  # a message's bytes in its body: body[start:end]
@@ -154,10 +155,11 @@ class Parsed:
     # What is known of the messages (proxy.transcript.Memo fills it in): for the earlier
     # body's objects, what was worked out then. Kept with this body for the next step.
     known: Known | None = None
+    kept: Kept | None = None  # this body as the cache keeps it, if it does
 
 
 @dataclasses.dataclass(eq=False)
-class _Kept:
+class Kept:
     """A body up to the end of its last message, and what it parsed to."""
 
     group: int
@@ -168,6 +170,10 @@ class _Kept:
     messages: list[Any]
     spans: list[Span]
     known: Known
+    # What its request forwarded up to the end of its messages, and to which engine: a
+    # body continuing it can start going there before the proxy has worked on it
+    # (``BodyCache.lead``). None: not known, or not to be relied on.
+    lead: tuple[Lead, str] | None = None
 
 
 class _Group:
@@ -175,12 +181,12 @@ class _Group:
     A body whose prefix ends before a whole probe is kept aside and tried as well."""
 
     def __init__(self) -> None:
-        self.members: dict[_Kept, None] = {}  # the oldest first
-        self.probes: dict[tuple[int, bytes], list[_Kept]] = {}
+        self.members: dict[Kept, None] = {}  # the oldest first
+        self.probes: dict[tuple[int, bytes], list[Kept]] = {}
         self.offsets: collections.Counter[int] = collections.Counter()  # probe offsets
-        self.short: dict[_Kept, None] = {}
+        self.short: dict[Kept, None] = {}
 
-    def add(self, kept: _Kept) -> _Kept | None:
+    def add(self, kept: Kept) -> Kept | None:
         """Keep ``kept``; the short body it pushes out, if any (for the cache to drop)."""
         self.members[kept] = None
         if kept.probe is None:
@@ -190,7 +196,7 @@ class _Group:
         self.offsets[kept.probe[0]] += 1
         return None
 
-    def remove(self, kept: _Kept) -> None:
+    def remove(self, kept: Kept) -> None:
         del self.members[kept]
         if kept.probe is None:
             del self.short[kept]
@@ -203,14 +209,14 @@ class _Group:
         if not self.offsets[kept.probe[0]]:
             del self.offsets[kept.probe[0]]
 
-    def continued_by(self, body: bytes) -> Iterator[_Kept]:
+    def continued_by(self, body: bytes) -> Iterator[Kept]:
         """The kept bodies ``body`` may continue (the most recent first): those whose probe
         it has where theirs is, and the short ones."""
         for at in self.offsets:
             yield from reversed(self.probes.get((at, body[at : at + PROBE]), ()))
         yield from reversed(self.short)
 
-    def recent(self, count: int) -> Iterator[_Kept]:
+    def recent(self, count: int) -> Iterator[Kept]:
         return itertools.islice(reversed(self.members), count)
 
 
@@ -227,18 +233,36 @@ class BodyCache:
         self.array = array
         self.min_body = MIN_BODY if min_body is None else min_body
         self.held = 0  # bytes of the bodies kept (whole: their prefixes are views of them)
-        self._lru: collections.OrderedDict[_Kept, None] = collections.OrderedDict()
+        self._lru: collections.OrderedDict[Kept, None] = collections.OrderedDict()
         self._groups: dict[int, _Group] = {}
         # An array element no client sends: where a body's new part is parsed, it proves
         # the part ended where it was cut.
         self._nonce = b'"prefill-proxy ' + secrets.token_hex(16).encode() + b'"'
         self._open = b"{" + array.quoted + b":["
 
+    def lead(self, body: bytes, credential: bytes = b"") -> tuple[Lead, str] | None:
+        """What the request for ``body`` will most likely start with, and to which engine
+        it goes: where it appends to a kept body, what that one's request forwarded up to
+        the end of its messages, to that request's engine. The proxy keeps a conversation's
+        history byte-stable, so the next request starts so too (checked once it is built:
+        proxy.call)."""
+        if not self.max_bytes or len(body) < self.min_body:
+            return None
+        members = self._groups.get(self._group(body, credential))
+        for kept in members.continued_by(body) if members else ():
+            if len(body) > len(kept.prefix) and body.startswith(kept.prefix):
+                return kept.lead
+        return None
+
+    @staticmethod
+    def _group(body: bytes, credential: bytes) -> int:
+        return hash((credential, body[:HEAD].translate(_DIGITS)))
+
     def parse(self, body: bytes, credential: bytes = b"") -> Parsed:
         """``body`` parsed (raises jsonio.InvalidJSON as jsonio.loads does)."""
         if not self.max_bytes or len(body) < self.min_body:
             return Parsed(jsonio.loads(body))
-        group = hash((credential, body[:HEAD].translate(_DIGITS)))
+        group = self._group(body, credential)
         members = self._groups.get(group) or _Group()
         parsed, goes_on = None, True
         for kept in members.continued_by(body):  # appended to: one memcmp each
@@ -263,8 +287,7 @@ class BodyCache:
             payload = parsed.payload
             known = kept.known.continued(payload[self.array.key], payload.values())
             parsed = dataclasses.replace(parsed, known=known)
-            self._keep(group, body, parsed, kept.before)
-            return parsed
+            return self._keep(group, body, parsed, kept.before)
         payload = jsonio.loads(body)
         found = None
         if isinstance(payload, dict) and isinstance(payload.get(self.array.key), list):
@@ -273,8 +296,7 @@ class BodyCache:
             return Parsed(payload)
         opened, spans = found
         parsed = Parsed(payload, spans, known=Known())
-        self._keep(group, body, parsed, _before(body[:opened], self.array.key, payload))
-        return parsed
+        return self._keep(group, body, parsed, _before(body[:opened], self.array.key, payload))
 
     def _extend(
         self,
@@ -312,7 +334,7 @@ class BodyCache:
         moved = [(start + shift, end + shift) for start, end in found[1:]]
         return Parsed(payload, [*spans, *moved], reused=len(messages), reused_bytes=cut)
 
-    def _changed(self, kept: _Kept, body: bytes) -> tuple[Parsed, int] | None:
+    def _changed(self, kept: Kept, body: bytes) -> tuple[Parsed, int] | None:
         """``body`` as the kept one with one message changed and more appended, and the
         changed message's index; or None.
         The kept messages after the changed one are found again within WINDOW bytes of
@@ -360,20 +382,21 @@ class BodyCache:
 
     def _keep(
         self, group: int, body: bytes, parsed: Parsed, before: tuple[tuple[str, Any], ...]
-    ) -> None:
+    ) -> Parsed:
+        """``parsed``, with the body kept (where it is worth keeping)."""
         spans = parsed.spans
         # A body whose messages end within its group's bytes would be looked for in another
         # group (its continuation's first bytes differ there): too small to matter anyway.
         if not spans or spans[-1][1] < HEAD or len(body) > self.max_bytes:
-            return
+            return parsed
         end = spans[-1][1]
         messages, known = parsed.payload[self.array.key], parsed.known
         if known is None:  # both callers pass what this request's memo fills in
-            return
+            return parsed
         prefix = memoryview(body)[:end]
         at = spans[1][0] if len(spans) > 1 else spans[0][0]
         probe = (at, body[at : at + PROBE]) if at + PROBE <= end else None
-        kept = _Kept(group, prefix, probe, len(body), before, messages, spans, known)
+        kept = Kept(group, prefix, probe, len(body), before, messages, spans, known)
         self._lru[kept] = None
         members = self._groups.get(group)
         if members is None:  # (not setdefault: it would build a _Group every time)
@@ -384,8 +407,9 @@ class BodyCache:
             self._drop(pushed_out)
         while self.held > self.max_bytes:
             self._drop(next(iter(self._lru)))
+        return dataclasses.replace(parsed, kept=kept)
 
-    def _drop(self, kept: _Kept) -> None:
+    def _drop(self, kept: Kept) -> None:
         if kept not in self._lru:
             return  # dropped already
         del self._lru[kept]

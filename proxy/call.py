@@ -17,7 +17,7 @@ import logging
 import time
 
 from proxy import headers as hdrs
-from proxy import jsonio
+from proxy import jsonio, pieces
 from proxy.config import Settings
 from proxy.downstream import ClientGone, Downstream
 from proxy.engines import Engine, Engines
@@ -31,9 +31,9 @@ from proxy.errors import (
 )
 from proxy.exchange import Recorder
 from proxy.failopen import FailOpenLog
-from proxy.pieces import Body, joined
+from proxy.pieces import Body, Lead, joined
 from proxy.relay import StreamWatcher, relay_chunks
-from proxy.upstream import RawHeaders, Upstream, UpstreamResponse
+from proxy.upstream import Early, RawHeaders, Upstream, UpstreamResponse
 
 JSON = b"application/json"
 log = logging.getLogger("prefill_proxy.call")
@@ -69,6 +69,9 @@ class Call:
         self.exchange = services.recorder.begin(route or self.route, down.method)
         self.response: UpstreamResponse | None = None
         self.engine: Engine | None = None  # where the request went, while it is there
+        self.early: Early | None = None  # the request begun before it was built (begin_early)
+        self.sent_to: str | None = None  # the engine the request went to (its URL; "": the one)
+        self.early_discarded = False
         self._recorded = False
 
     async def run(self) -> None:
@@ -94,6 +97,8 @@ class Call:
         except Exception as exc:  # a bug: the client still gets an answer, the log a traceback
             await self._bug(exc)
         finally:
+            if self.early is not None:  # never finished: the engine holds half a request
+                self.early.upload.abort()
             self.down.close()
             if self.response is not None:
                 # No shield needed: the connection is released before aclose's first await.
@@ -123,14 +128,10 @@ class Call:
         """Forward the request; from here on a client leaving cancels the wait or the relay
         (closing the upstream connection, so vLLM aborts)."""
         exchange = self.exchange
-        upstream_headers = hdrs.upstream_request(self.down.raw_headers, parsed_body=parsed_body)
+        upstream_headers = self.upstream_headers(parsed_body=parsed_body)
         if extra := self.routing_headers():
             names = {name for name, _ in extra}
             upstream_headers = [h for h in upstream_headers if h[0].lower() not in names] + extra
-        if self.settings.upstream_api_key:
-            upstream_headers = hdrs.with_upstream_key(
-                upstream_headers, self.settings.upstream_api_key
-            )
         # Time held behind a fan-out leader is waiting by design, not the proxy's cost.
         exchange.overhead_s = time.perf_counter() - exchange.started - exchange.held_s
         self.down.watch()
@@ -147,25 +148,66 @@ class Call:
             exchange.error_kind = f"status_{response.status // 100}xx"
         return response
 
+    def upstream_headers(self, *, parsed_body: bool) -> list[tuple[bytes, bytes]]:
+        """The client's headers as the engine gets them (routing headers aside)."""
+        headers = hdrs.upstream_request(self.down.raw_headers, parsed_body=parsed_body)
+        if self.settings.upstream_api_key:
+            headers = hdrs.with_upstream_key(headers, self.settings.upstream_api_key)
+        return headers
+
+    def begin_early(self, body: bytes, lead: Lead, base: str) -> None:
+        """Start the request with ``lead`` (built from the client's ``body``), what the body
+        it forwards most likely begins with, to engine ``base`` ("": the one upstream),
+        while the rest is still being built; finished only if the request built then does
+        begin so and goes there (``_finish_early``)."""
+        headers = self.upstream_headers(parsed_body=True)
+        method, target = self.down.method, self.down.target
+        self.early = self.services.upstream.begin(method, target, headers, body, lead, base=base)
+
+    async def _finish_early(
+        self, headers: RawHeaders, content: Body | None, base: str
+    ) -> UpstreamResponse | None:
+        """The request begun early, finished, if ``content`` starts with the bytes it was
+        begun with and goes to ``base`` with ``headers``; else None, and the early one is
+        dropped (the engine never saw its end)."""
+        early, self.early = self.early, None
+        if early is None:
+            return None
+        rest = None
+        if content is not None and early.base == base and early.headers == list(headers):
+            rest = pieces.after(content, early.source, early.lead)
+        counted = self.services.recorder.metrics.early_uploads
+        if rest is None or not early.upload.writable():
+            early.upload.abort()
+            self.early_discarded = True
+            counted.labels("discarded").inc()
+            return None
+        counted.labels("used").inc()
+        return await self.services.upstream.finish(early, rest)
+
     async def _send_to_engine(self, headers: RawHeaders, content: Body | None) -> UpstreamResponse:
         upstream, engines = self.services.upstream, self.services.engines
         method, target = self.down.method, self.down.target
-        if engines is None:
-            return await upstream.send(method, target, headers, content)
-        engine = self.choose_engine()
+        engine = None if engines is None else self.choose_engine()
+        base = self.sent_to = "" if engine is None else engine.url
         try:
-            response = await upstream.send(method, target, headers, content, base=engine.url)
+            response = await self._finish_early(headers, content, base)
+            if response is None:
+                response = await upstream.send(method, target, headers, content, base=base)
         except UpstreamError as error:
-            if error.kind != "connect" or not engines.probed:
+            if engines is None or error.kind != "connect" or not engines.probed:
                 raise
             # Refused before anything was sent: no generation to duplicate. The engine is
             # skipped from now on, and the request goes where its session moves (once).
+            assert engine is not None
             engines.refused(engine)
             engine = self.choose_engine()
+            self.sent_to = engine.url
             response = await upstream.send(method, target, headers, content, base=engine.url)
-        engine.in_flight += 1
-        self.engine = engine
-        self.services.recorder.metrics.engine_requests.labels(engine.url).inc()
+        if engine is not None:
+            engine.in_flight += 1
+            self.engine = engine
+            self.services.recorder.metrics.engine_requests.labels(engine.url).inc()
         return response
 
     def while_engine_reads(self) -> None:

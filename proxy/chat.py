@@ -16,7 +16,7 @@ from typing import Any
 
 from proxy import headers as hdrs
 from proxy import jsonio, splice
-from proxy.bodies import BodyCache, Parsed, Span
+from proxy.bodies import BodyCache, Kept, Parsed, Span
 from proxy.call import Call, Services
 from proxy.chunks import reply_message
 from proxy.compaction import Compactor
@@ -25,7 +25,7 @@ from proxy.engines import Engine
 from proxy.errors import BadRequest
 from proxy.failopen import FailOpenLog
 from proxy.fanout import FanoutGate
-from proxy.pieces import Body
+from proxy.pieces import Body, Lead
 from proxy.relay import ChatStreamWatcher, StreamWatcher
 from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.stream_usage import request_usage
@@ -110,13 +110,17 @@ class ChatCall(Call):
         self.strip_usage = False  # the proxy asked for stream usage the client did not
         self.spans: list[Span] | None = None  # where each client message is in the body
         self.known: Known | None = None  # what is known of them (proxy.transcript.Memo)
+        self.kept: Kept | None = None  # the body as the body cache keeps it
+        self.body = b""  # as the client sent it
+        self.content: Body | None = None  # as it went to the engine
         # The client's switch for this request: X-Prefill-Proxy-Rewrite: off.
         switch = down.headers.get(REWRITE_HEADER, "").strip().lower()
         self.rewriting = bool(self.chat.pipeline) and self.settings.rewrite and switch != "off"
 
     async def handle(self) -> None:
         exchange = self.exchange
-        body = await self.down.read_body(self.settings.max_body_bytes)
+        body = self.body = await self.down.read_body(self.settings.max_body_bytes)
+        self.head_start(body)
         payload = self.payload = self.read_request(body)
         exchange.model = str(payload.get("model") or "")
         exchange.stream = streams(payload.get("stream"))
@@ -126,7 +130,7 @@ class ChatCall(Call):
         forwarded = self.rewrite(payload)
         forwarded = await self.compact(forwarded)
         forwarded = self.ask_for_usage(forwarded)
-        content = body if forwarded is payload else self.encode(forwarded, body)
+        content = self.content = body if forwarded is payload else self.encode(forwarded, body)
         self.log_body("request", content)
         if self.chat.fanout is not None:
             await self.chat.fanout.admit(forwarded, exchange)
@@ -143,10 +147,33 @@ class ChatCall(Call):
 
     # -- the steps -----------------------------------------------------------------------
 
+    def body_cache(self) -> BodyCache | None:
+        """Where this route's recent bodies are kept."""
+        return self.chat.bodies
+
+    def head_start(self, body: bytes) -> None:
+        """A big body that continues a kept one starts going to the engine now, while the
+        proxy works on it: the bytes the conversation's last request forwarded as the
+        client sent them, to that request's engine (early_upload_bytes). With the
+        router's headers it waits: those come from the session, not yet looked up."""
+        settings, bodies = self.settings, self.body_cache()
+        minimum = settings.early_upload_bytes
+        if not minimum or len(body) < minimum or bodies is None:
+            return
+        if settings.upstream_session_header or settings.upstream_affinity_header:
+            return
+        lead = bodies.lead(body, self.credential())
+        if lead is not None:
+            self.begin_early(body, *lead)
+
+    def credential(self) -> bytes:
+        """The client's credentials, which a kept body is only ever continued under."""
+        return b"\n".join(value for _, value in hdrs.credentials(self.down.raw_headers))
+
     def read_request(self, body: bytes) -> dict[str, Any]:
         """The request as the conversation the pipeline reads (a chat request, here)."""
-        parsed = self.parse_body(body, self.chat.bodies)
-        self.spans, self.known = parsed.spans, parsed.known
+        parsed = self.parse_body(body, self.body_cache())
+        self.spans, self.known, self.kept = parsed.spans, parsed.known, parsed.kept
         payload: dict[str, Any] = parsed.payload
         return payload
 
@@ -155,7 +182,7 @@ class ChatCall(Call):
         ``bodies`` kept from an earlier step, where it is one (proxy.bodies)."""
         if bodies is None:
             return _object(lambda: Parsed(jsonio.loads(body)))
-        credential = b"\n".join(value for _, value in hdrs.credentials(self.down.raw_headers))
+        credential = self.credential()
         try:
             parsed = _object(lambda: bodies.parse(body, credential))
         except BadRequest:
@@ -345,6 +372,21 @@ class ChatCall(Call):
     def while_engine_reads(self) -> None:
         if self.turn is not None and self.chat.sessions is not None:
             self.chat.sessions.prepare(self.turn)
+        self.note_lead()
+
+    def note_lead(self) -> None:
+        """The body's kept copy learns what its request forwarded up to the end of its
+        messages, and to which engine: the conversation's next body can start going there
+        early. Not after a compaction (the next one may fold other turns) or an early start
+        that was discarded (the next would likely be too)."""
+        kept, content = self.kept, self.content
+        if kept is None or content is None or self.sent_to is None:
+            return
+        if self.exchange.compaction or self.early_discarded:
+            return
+        lead = Lead.of(content, self.body, len(kept.prefix))
+        if lead is not None:
+            kept.lead = (lead, self.sent_to)
 
     async def record_reply(self) -> None:
         """The reply into its session (once; only a complete, successful one)."""

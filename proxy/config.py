@@ -103,6 +103,15 @@ class Settings:
         "about as much again), for chat completions and for the Responses API each; 0: "
         "every body parsed whole.",
     )
+    early_upload_bytes: int = _setting(
+        256 * 1024,
+        "Requests at least this big that continue a kept body start going to the engine "
+        "before the proxy has worked on them: what the conversation's last request forwarded "
+        "as the client sent it, in chunked transfer encoding, checked against the request "
+        "once built (dropped and sent again where it differs); 0: never (for an engine or "
+        "router that refuses chunked request bodies). Not with the upstream session or "
+        "affinity header.",
+    )
     max_sse_event_bytes: int = _setting(
         8 * 1024 * 1024,
         "Largest server-sent event accepted from the upstream; a stream with a longer one "
@@ -322,8 +331,8 @@ class Settings:
                 raise SettingsError(f"{name} must be positive")
         if self.total_timeout < 0:
             raise SettingsError("total_timeout must be >= 0 (0 = no limit)")
-        if self.body_cache_bytes < 0:
-            raise SettingsError("body_cache_bytes must be >= 0 (0 = none kept)")
+        if self.body_cache_bytes < 0 or self.early_upload_bytes < 0:
+            raise SettingsError("body_cache_bytes and early_upload_bytes must be >= 0 (0 = off)")
         if self.max_connections < 1:
             raise SettingsError("max_connections must be at least 1")
         if self.session_max < 1 or self.session_ttl <= 0:

@@ -272,6 +272,14 @@ class Metrics:
             ("outcome",),
             registry=registry,
         )
+        self.early_uploads = Counter(
+            "prefill_proxy_early_uploads",
+            "Requests begun on the engine before the proxy had built them (early_upload_bytes), "
+            "by outcome: used (the request built began with what was sent), or discarded (it "
+            "differed, or the engine closed the connection: the request went again whole).",
+            ("outcome",),
+            registry=registry,
+        )
         self.body_bytes_reused = Counter(
             "prefill_proxy_body_bytes_reused",
             "Bytes of chat request bodies not parsed again: the kept earlier body they "

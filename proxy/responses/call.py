@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from proxy import jsonio
+from proxy.bodies import BodyCache
 from proxy.chat import ChatCall, ChatServices
 from proxy.downstream import Downstream
 from proxy.errors import ProxyError
@@ -44,10 +45,13 @@ class ResponsesCall(ChatCall):
         self.original: dict[str, Any] = {}
         self.stream_watcher: events.ResponsesStreamWatcher | None = None
 
+    def body_cache(self) -> BodyCache | None:
+        return self.chat.response_bodies
+
     def read_request(self, body: bytes) -> dict[str, Any]:
-        parsed = self.parse_body(body, self.chat.response_bodies)
+        parsed = self.parse_body(body, self.body_cache())
         original = self.original = parsed.payload
-        self.known = parsed.known
+        self.known, self.kept = parsed.known, parsed.kept
         try:
             return items.to_chat(original, self.known.converted if self.known else None)
         except items.NotAConversation as exc:  # the engine judges it, as it was sent

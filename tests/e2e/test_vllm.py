@@ -238,3 +238,46 @@ def test_upstream_error_passes_through(sdk, vllm_server) -> None:
             messages=[{"role": "user", "content": "x"}],
             max_tokens=100_000,
         )
+
+
+def test_big_continued_requests_go_early_to_vllm_and_count_the_same(
+    vllm_server, start_proxy
+) -> None:
+    """vLLM (uvicorn, httptools) reads a request begun early with a chunked body like any
+    other: each step's prompt counts the same tokens as through a proxy that sends whole
+    bodies. The bodies are big in bytes and small in tokens (JSON whitespace between the
+    messages), so a tool loop passes early_upload_bytes within the tiny model's context."""
+    gap = ",\n" + " " * (20 << 10)
+    messages = [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Look up reservation R1."},
+    ]
+    steps = []
+    for step in range(4):
+        call = {"id": f"call_{step}", "type": "function"}
+        call["function"] = {"name": "lookup", "arguments": '{"id": "R1"}'}
+        head = json.dumps({"model": vllm_server.model, "max_tokens": 2, "temperature": 0.0})
+        listed = gap.join(json.dumps(message) for message in messages)
+        steps.append(head[:-1].encode() + b', "messages": [' + listed.encode() + b"]}")
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{step}", "content": f"seat {step}A"},
+        ]
+    assert len(steps[0]) < 32 << 10 < len(steps[1])  # the first is too small to be kept
+    counted = {}
+    for threshold in (0, 32 << 10):
+        proxy = start_proxy(vllm_server.base_url, early_upload_bytes=threshold)
+        with httpx.Client(timeout=120) as client:
+            replies = [
+                client.post(
+                    proxy.url + CHAT, content=body, headers={"content-type": "application/json"}
+                )
+                for body in steps
+            ]
+        assert [reply.status_code for reply in replies] == [200] * len(steps)
+        counted[threshold] = [reply.json()["usage"]["prompt_tokens"] for reply in replies]
+        used = proxy.sample("prefill_proxy_early_uploads_total", outcome="used")
+        discarded = proxy.sample("prefill_proxy_early_uploads_total", outcome="discarded")
+        assert (used, discarded) == ((0, 0) if threshold == 0 else (len(steps) - 2, 0))
+    assert counted[0] == counted[32 << 10]
+    assert counted[0] == sorted(counted[0]) and counted[0][0] < counted[0][-1]
