@@ -153,18 +153,21 @@ class ChatCall(Call):
 
     def head_start(self, body: bytes) -> None:
         """A big body that continues a kept one starts going to the engine now, while the
-        proxy works on it: the bytes the conversation's last request forwarded as the
-        client sent them, to that request's engine (early_upload_bytes). With the
-        router's headers it waits: those come from the session, not yet looked up."""
+        proxy works on it: what the conversation's last request forwarded up to the end of
+        its messages, to that request's engine (early_upload_bytes). With the router's
+        headers it waits: those come from the session, not yet looked up."""
         settings, bodies = self.settings, self.body_cache()
         minimum = settings.early_upload_bytes
         if not minimum or len(body) < minimum or bodies is None:
             return
         if settings.upstream_session_header or settings.upstream_affinity_header:
             return
-        lead = bodies.lead(body, self.credential())
-        if lead is not None:
-            self.begin_early(body, *lead)
+        try:
+            lead = bodies.lead(body, self.credential())
+            if lead is not None:
+                self.begin_early(body, *lead)
+        except Exception as exc:  # fail open: the request goes whole, as without
+            self.chat.failures.failed("early upload", exc)
 
     def credential(self) -> bytes:
         """The client's credentials, which a kept body is only ever continued under."""
@@ -384,7 +387,11 @@ class ChatCall(Call):
             return
         if self.exchange.compaction or self.early_discarded:
             return
-        lead = Lead.of(content, self.body, len(kept.prefix))
+        try:
+            lead = Lead.of(content, self.body, len(kept.prefix))
+        except Exception as exc:  # fail open: the next step goes as usual
+            self.chat.failures.failed("early upload lead", exc)
+            return
         if lead is not None:
             kept.lead = (lead, self.sent_to)
 

@@ -104,13 +104,14 @@ class Settings:
         "every body parsed whole.",
     )
     early_upload_bytes: int = _setting(
-        256 * 1024,
+        0,
         "Requests at least this big that continue a kept body start going to the engine "
         "before the proxy has worked on them: what the conversation's last request forwarded "
-        "as the client sent it, in chunked transfer encoding, checked against the request "
-        "once built (dropped and sent again where it differs); 0: never (for an engine or "
-        "router that refuses chunked request bodies). Not with the upstream session or "
-        "affinity header.",
+        "up to the end of its messages, in chunked transfer encoding, checked against the "
+        "request once built (dropped and sent again where it differs); 0: never (the "
+        "default: on loopback it measured no faster, tests/benchmarks/README.md). Needs an "
+        "engine and routers that take chunked request bodies (vLLM does); not with the "
+        "upstream session or affinity header.",
     )
     max_sse_event_bytes: int = _setting(
         8 * 1024 * 1024,

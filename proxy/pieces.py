@@ -73,7 +73,12 @@ class Lead:
         position = 0
         for part, origin in zip(forwarded.parts, origins, strict=True):
             size = min(len(part), end - position)
-            parts.append((origin, origin + size) if origin >= 0 else bytes(part[:size]))
+            if origin >= 0:
+                parts.append((origin, origin + size))
+            elif isinstance(part, bytes) and size == len(part):  # encoded, whole: as it is
+                parts.append(part)
+            else:
+                parts.append(bytes(part[:size]))
             position += size
             if position == end:
                 return cls(tuple(parts))

@@ -144,9 +144,10 @@ def test_a_responses_session_goes_early(start_proxy) -> None:
     assert early(proxy, "used") == STEPS - 2
 
 
-def test_off_by_default_below_the_threshold_and_off_switch(start_proxy) -> None:
+@pytest.mark.parametrize("settings", [{}, {"early_upload_bytes": 256 << 10}])
+def test_off_by_default_and_below_the_threshold(start_proxy, settings) -> None:
     bodies = chat_bodies(False, {})[:-1]
     assert max(map(len, bodies)) < 256 << 10 < len(chat_bodies(False, {})[-1])
-    sent, proxy = drive(start_proxy, CHAT, bodies, {})  # 256 KB by default: all smaller
+    sent, proxy = drive(start_proxy, CHAT, bodies, {}, **settings)
     assert all(request.header("transfer-encoding") is None for request in sent)
     assert early(proxy, "used") == early(proxy, "discarded") == 0
