@@ -36,6 +36,9 @@ from proxy.relay import StreamWatcher, relay_chunks
 from proxy.upstream import Early, RawHeaders, Upstream, UpstreamResponse
 
 JSON = b"application/json"
+# Chunks after the one that completes a stream's reply held for the end of the response
+# (Call.relay); an engine sends its end right after that one.
+MAX_HELD_CHUNKS = 8
 log = logging.getLogger("prefill_proxy.call")
 # Prompt and completion text: only with the log_bodies setting (debugging).
 body_log = logging.getLogger("prefill_proxy.bodies")
@@ -232,13 +235,37 @@ class Call:
         self, headers: list[tuple[bytes, bytes]], watcher: StreamWatcher | None = None
     ) -> None:
         """The upstream body to the client as it arrives; recorded before the last message,
-        so a client that saw the end also sees this request in /metrics."""
+        so a client that saw the end also sees this request in /metrics.
+
+        The watcher's reply goes into its session before the client can send its next
+        request: where the store never waits (``reply_after_end``), the event that
+        completes the reply, and what follows it (the engine's end comes right after),
+        are held and go out with the end of the response, and the reply is handed on
+        then, with nothing yielding in between; the client has its whole answer without
+        waiting for that bookkeeping. Otherwise it is handed on before that event."""
         assert self.response is not None
         await self.down.start(self.exchange.status, headers)
-        async for chunk in relay_chunks(self.response, self.exchange, watcher):
-            await self.down.write(chunk)
-        self.record()
-        await self.down.end()
+        at_end = watcher is not None and self.reply_after_end()
+        held: list[bytes] = []
+        try:
+            chunks = relay_chunks(self.response, self.exchange, watcher, deliver=not at_end)
+            async for chunk in chunks:
+                if at_end and watcher is not None and watcher.reply_ready:
+                    held.append(chunk)
+                    if len(held) < MAX_HELD_CHUNKS:
+                        continue
+                    await watcher.deliver_reply()  # an engine that goes on: as without
+                    at_end, chunk, held = False, b"".join(held), []
+                await self.down.write(chunk)
+            self.record()
+            await self.down.end(b"".join(held))
+        finally:
+            if at_end and watcher is not None and watcher.reply_ready:
+                await watcher.deliver_reply()
+
+    def reply_after_end(self) -> bool:
+        """Whether a stream's reply may be handed on after the response ends (relay)."""
+        return False
 
     async def read(self) -> bytes:
         """The upstream body whole (a non-streamed reply)."""

@@ -326,11 +326,17 @@ class ChatCall(Call):
             self.exchange.rewrite_failures += ("encode",)
             return body
 
+    def reply_after_end(self) -> bool:
+        # A store that waits (a shared one) saves first: another replica may take the
+        # client's next request.
+        sessions = self.chat.sessions
+        return sessions is not None and not sessions.store.waits
+
     def watcher(self) -> StreamWatcher:
         return ChatStreamWatcher(
             self.exchange,
             strip_usage=self.strip_usage,
-            # At [DONE], before it is relayed: the client's next request must find it.
+            # At [DONE], before the client can act on it: its next request must find it.
             on_reply=self.record_reply if self.turn is not None else None,
             max_event=self.settings.max_sse_event_bytes,
             max_reply_chars=self.settings.max_reply_chars,

@@ -34,8 +34,9 @@ class StreamWatcher(Protocol):
 
 class EventWatcher:
     """What both stream watchers share: the events split as they come, and the reply
-    handed on once (``on_reply``), before the event that completes it is relayed: the
-    client sends its next request the moment it sees it, and that must find the session."""
+    handed on once (``on_reply``) before the client can act on the event that completes
+    it: the client sends its next request the moment it sees it, and that must find the
+    session (proxy.call.Call.relay)."""
 
     def __init__(
         self,
@@ -156,12 +157,17 @@ def _with_fingerprint(event: bytes, fingerprint: Any) -> bytes:
 
 
 async def relay_chunks(
-    upstream: UpstreamResponse, exchange: Exchange, watcher: StreamWatcher | None
+    upstream: UpstreamResponse,
+    exchange: Exchange,
+    watcher: StreamWatcher | None,
+    *,
+    deliver: bool = True,
 ) -> AsyncIterator[bytes]:
     """The upstream body, chunk by chunk. A failure mid-stream ends a chat stream with an
     OpenAI-style error event instead of a hang or a silent cut; a body not read event by
     event raises, and the call ends it (proxy.call.Call.fail: the same event for any event
-    stream, a cut otherwise)."""
+    stream, a cut otherwise). The watcher's reply is handed on as it completes, before
+    the chunk that completes it; with ``deliver`` false, by the caller."""
     try:
         async for chunk in upstream.iter_bytes():
             if watcher is not None:
@@ -169,7 +175,7 @@ async def relay_chunks(
                     chunk = watcher.relay(chunk, time.perf_counter())
                 except sse.EventTooLarge as exc:
                     raise UpstreamProtocolError(f"the upstream broke the stream: {exc}") from exc
-                if watcher.reply_ready:
+                if deliver and watcher.reply_ready:
                     await watcher.deliver_reply()
             if chunk:
                 yield chunk
