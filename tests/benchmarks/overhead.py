@@ -88,7 +88,7 @@ class AgentSessions:
     what is measured is a step of a session it knows. Bodies are joined from pre-encoded
     messages, so the client's own cost stays small next to the proxy's."""
 
-    def __init__(self, size: int, stream: bool) -> None:
+    def __init__(self, size: int, stream: bool, step_bytes: int | None = None) -> None:
         from proxy.replay import traces
 
         conversation = traces.load(traces.locate("dev"), limit=1)[0]
@@ -98,7 +98,7 @@ class AgentSessions:
             json.dumps(conversation.tools).encode(),
             json.dumps(system).encode(),
         )
-        step_bytes = max(size // 64, 600)
+        step_bytes = max(step_bytes or size // 64, 600)
         self.steps: list[bytes] = []
         total = len(self.head)
         while total < size or len(self.steps) < STEPS_PER_SESSION:
@@ -379,6 +379,12 @@ def parse_args() -> argparse.Namespace:
         help="comma-separated request sizes: 2msg (one short message), or growing agent "
         "sessions of about 64k, 256k, 1m bytes (default 2msg)",
     )
+    add(
+        "--step-bytes",
+        type=int,
+        help="bytes of each step (a tool call and its result) of the growing sessions "
+        "(default: size/64, so about 130 messages at every size; 600 at least)",
+    )
     add("--passthrough", action="store_true", help="also measure a bare FastAPI + aiohttp relay")
     add(
         "--baseline",
@@ -422,7 +428,7 @@ async def measure(args: argparse.Namespace, direct: Target, others: list[Target]
         for mode in args.modes.split(","):
             stream = mode.strip() == "stream"
             if SIZES[size]:
-                bodies = AgentSessions(SIZES[size], stream)
+                bodies = AgentSessions(SIZES[size], stream, args.step_bytes)
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 targets = [direct, *others]
                 await measure_cell(
@@ -547,7 +553,7 @@ def store_mb(args: argparse.Namespace) -> float:
             for cell, (size, stream, concurrency, requests) in enumerate(cell_plan(args), 1):
                 if not size:
                     continue  # one short request, over and over: no session state to speak of
-                bodies, sent = AgentSessions(size, stream), [0] * concurrency
+                bodies, sent = AgentSessions(size, stream, args.step_bytes), [0] * concurrency
                 for number in range(requests):
                     worker = number % concurrency
                     body = bodies.body(worker + 1000 * cell, sent[worker])
