@@ -9,6 +9,9 @@ from typing import Any
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.tracker import Turn
+from proxy.transcript import with_role
+
+USER, ASSISTANT = frozenset({"user"}), frozenset({"assistant"})
 
 
 def tool_call_count(reply: dict[str, Any] | None) -> int:
@@ -21,14 +24,9 @@ def steps_in_turn(client_messages: Sequence[Any]) -> int:
     assistant messages after the last user message, plus one. Counted from the request
     itself rather than from a per-session counter, so a retried step, a lost session or
     several requests of one session in flight can never skew it."""
-    steps = 1
-    for message in reversed(client_messages):
-        role = message.get("role") if isinstance(message, dict) else None
-        if role == "user":
-            break
-        if role == "assistant":
-            steps += 1
-    return steps
+    users = with_role(client_messages, USER)
+    turn = client_messages[users[-1] + 1 :] if users else client_messages
+    return 1 + len(with_role(turn, ASSISTANT))
 
 
 class RoundTrips:

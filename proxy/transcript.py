@@ -378,15 +378,29 @@ def role(message: Any) -> Any:
     return message.get("role") if isinstance(message, dict) else None
 
 
+def with_role(messages: Sequence[Any], roles: frozenset[str]) -> list[int]:
+    """The indices of the messages whose role is one of ``roles``: found in C where every
+    message is an object with a hashable role (a long history's other messages then cost
+    nothing in Python), else one by one (what is not an object, or has a role that is not
+    a string, has none of them)."""
+    try:
+        found = map(roles.__contains__, map(dict.get, messages, itertools.repeat("role")))
+        return list(itertools.compress(range(len(messages)), found))
+    except TypeError:  # a message that is not an object, or an unhashable role
+        return [
+            index
+            for index, message in enumerate(messages)
+            if isinstance(name := role(message), str) and name in roles
+        ]
+
+
 def matched_messages(chain: Sequence[bytes], before: Sequence[bytes]) -> int:
     """How many leading messages of two chains are equal (a chain: the first difference
-    ends it)."""
-    matched = 0
-    for now, then in zip(chain, before, strict=False):
-        if now != then:
-            break
-        matched += 1
-    return matched
+    ends it), found in C."""
+    return next(
+        itertools.compress(itertools.count(), map(operator.ne, chain, before)),
+        min(len(chain), len(before)),
+    )
 
 
 def next_key(

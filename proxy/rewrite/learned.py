@@ -36,6 +36,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from proxy.transcript import with_role
+
 # Requests a learned line may go unchanged before it goes back into the system prompt.
 UNLEARN_AFTER = 16
 SOURCE_ROLES = frozenset({"system", "developer"})  # whose lines may be volatile
@@ -88,10 +90,8 @@ def system_texts(messages: Any) -> tuple[str, ...]:
     texts: list[str] = []
     if not isinstance(messages, list):
         return ()
-    for message in messages:
-        if not isinstance(message, dict) or message.get("role") not in SOURCE_ROLES:
-            continue
-        content = message.get("content")
+    for index in with_role(messages, SOURCE_ROLES):
+        content = messages[index].get("content")
         if isinstance(content, str):
             texts.append(content)
         elif isinstance(content, list):

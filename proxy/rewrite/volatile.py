@@ -25,6 +25,7 @@ from typing import Any
 
 from proxy.rewrite.learned import SOURCE_ROLES, learned_line, shape
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
+from proxy.transcript import with_role
 
 NOTE_HEADER = "[Context moved from the system prompt: it changes on every request]"
 PLACEHOLDER = "<volatile>"
@@ -223,12 +224,12 @@ def move_volatile(request: Request, context: RewriteContext) -> Request | None:
     also = learned_of(context.session, detector)
     rewritten = list(messages)
     moved: list[str] = []
-    for index, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("role") in SOURCE_ROLES:
-            content, lines = _split_content(message.get("content"), detector, also)
-            if lines:
-                rewritten[index] = {**message, "content": content}
-                moved += lines
+    for index in with_role(messages, SOURCE_ROLES):
+        message = messages[index]
+        content, lines = _split_content(message.get("content"), detector, also)
+        if lines:
+            rewritten[index] = {**message, "content": content}
+            moved += lines
     if not moved:
         return None
     said = said_before(context.session, context.message_keys, target)
@@ -271,9 +272,8 @@ def volatile_lines(
         return ()
     also = learned_of(session, detector)
     moved: list[str] = []
-    for message in messages:
-        if isinstance(message, dict) and message.get("role") in SOURCE_ROLES:
-            moved += _split_content(message.get("content"), detector, also)[1]
+    for index in with_role(messages, SOURCE_ROLES):
+        moved += _split_content(messages[index].get("content"), detector, also)[1]
     return tuple(moved)
 
 
