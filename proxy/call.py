@@ -234,8 +234,9 @@ class Call:
     async def relay(
         self, headers: list[tuple[bytes, bytes]], watcher: StreamWatcher | None = None
     ) -> None:
-        """The upstream body to the client as it arrives; recorded before the last message,
-        so a client that saw the end also sees this request in /metrics.
+        """The upstream body to the client as it arrives; recorded before anything else
+        runs after the last message, so a client that saw the end also sees this request
+        in /metrics.
 
         The watcher's reply goes into its session before the client can send its next
         request: where the store never waits (``reply_after_end``), the event that
@@ -257,11 +258,15 @@ class Call:
                     await watcher.deliver_reply()  # an engine that goes on: as without
                     at_end, chunk, held = False, b"".join(held), []
                 await self.down.write(chunk)
-            self.record()
+            if not at_end:
+                self.record()
             await self.down.end(b"".join(held))
         finally:
             if at_end and watcher is not None and watcher.reply_ready:
                 await watcher.deliver_reply()
+        # Held to the end: recorded after the reply, as a whole reply is (the exchange in
+        # flight while its reply is handed on), with nothing yielding since the end.
+        self.record()
 
     def reply_after_end(self) -> bool:
         """Whether a stream's reply may be handed on after the response ends (relay)."""
