@@ -246,24 +246,25 @@ class Call:
         waiting for that bookkeeping. Otherwise it is handed on before that event."""
         assert self.response is not None
         await self.down.start(self.exchange.status, headers)
-        at_end = watcher is not None and self.reply_after_end()
+        # The watcher whose reply is handed on after the end (None: before its event).
+        later = watcher if watcher is not None and self.reply_after_end() else None
         held: list[bytes] = []
         try:
-            chunks = relay_chunks(self.response, self.exchange, watcher, deliver=not at_end)
+            chunks = relay_chunks(self.response, self.exchange, watcher, deliver=later is None)
             async for chunk in chunks:
-                if at_end and watcher is not None and watcher.reply_ready:
+                if later is not None and later.reply_ready:
                     held.append(chunk)
                     if len(held) < MAX_HELD_CHUNKS:
                         continue
-                    await watcher.deliver_reply()  # an engine that goes on: as without
-                    at_end, chunk, held = False, b"".join(held), []
+                    await later.deliver_reply()  # an engine that goes on: as without
+                    later, chunk, held = None, b"".join(held), []
                 await self.down.write(chunk)
-            if not at_end:
+            if later is None:
                 self.record()
             await self.down.end(b"".join(held))
         finally:
-            if at_end and watcher is not None and watcher.reply_ready:
-                await watcher.deliver_reply()
+            if later is not None and later.reply_ready:
+                await later.deliver_reply()
         # Held to the end: recorded after the reply, as a whole reply is (the exchange in
         # flight while its reply is handed on), with nothing yielding since the end.
         self.record()

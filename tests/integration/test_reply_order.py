@@ -151,10 +151,13 @@ async def call(
         nonlocal status
         if message["type"] == "http.response.start":
             status = message["status"]
-        elif on_last_byte is None:
-            pass
-        elif b"[DONE]" in message.get("body", b"") if stream else not message.get("more_body"):
+        elif on_last_byte is not None and reply_out(message):
             on_last_byte()
+
+    def reply_out(message: dict[str, Any]) -> bool:
+        if stream:
+            return b"[DONE]" in message.get("body", b"")
+        return not message.get("more_body")
 
     await app(scope(body), receive, send)
     return status
