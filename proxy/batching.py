@@ -9,7 +9,7 @@ from typing import Any
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.tracker import Turn
-from proxy.transcript import with_role
+from proxy.transcript import Known, with_role
 
 USER, ASSISTANT = frozenset({"user"}), frozenset({"assistant"})
 
@@ -19,14 +19,14 @@ def tool_call_count(reply: dict[str, Any] | None) -> int:
     return len(calls) if isinstance(calls, list) else 0
 
 
-def steps_in_turn(client_messages: Sequence[Any]) -> int:
+def steps_in_turn(client_messages: Sequence[Any], known: Known | None = None) -> int:
     """Model calls of the user turn that this request belongs to, this one included: the
     assistant messages after the last user message, plus one. Counted from the request
     itself rather than from a per-session counter, so a retried step, a lost session or
     several requests of one session in flight can never skew it."""
-    users = with_role(client_messages, USER)
+    users = with_role(client_messages, USER, known, "client users")
     turn = client_messages[users[-1] + 1 :] if users else client_messages
-    return 1 + len(with_role(turn, ASSISTANT))
+    return 1 + len(with_role(turn, ASSISTANT, known, "turn assistants"))
 
 
 class RoundTrips:
@@ -43,4 +43,5 @@ class RoundTrips:
         if calls:
             self._metrics.tool_calls_per_step.observe(calls)
         else:
-            self._metrics.steps_per_user_turn.observe(steps_in_turn(turn.client_messages))
+            steps = steps_in_turn(turn.client_messages, turn.known)
+            self._metrics.steps_per_user_turn.observe(steps)

@@ -285,6 +285,7 @@ class ChatCall(Call):
             session=turn.session if turn is not None else None,
             volatile=sessions.detector if sessions is not None else None,
             message_keys=turn.lookup_keys if turn is not None else (),
+            known=self.known,
         )
         result = self.chat.pipeline.apply(payload, context)
         self.exchange.rewrites, self.exchange.rewrite_failures = result.applied, result.failed

@@ -68,6 +68,8 @@ class Turn:
     # The conversation's message digests (proxy.transcript.Memo), and the exact chain of
     # the forwarded messages once computed.
     memo: Memo | None = None
+    # What is known of the client's parsed messages (proxy.transcript.Known), if anything.
+    known: Known | None = None
     forwarded_chain: list[bytes] | None = None
     body_bytes: int = 0  # the client's body, as received
     # False when the engine holds the earlier history (previous_response_id): the request
@@ -211,7 +213,7 @@ class SessionTracker:
             if outcome == "new":
                 await self._seed(session, request)
             before = session.learned
-            new, moved = self._learn(session, messages)
+            new, moved = self._learn(session, messages, known)
             if new:
                 self._publish(before, session.learned, request)
         except Exception as exc:  # fail open: nothing learned this time
@@ -226,7 +228,8 @@ class SessionTracker:
         except InvalidJSON as exc:  # fail open: a body too odd to key goes on as sent
             self._failures.failed("session keys", exc)
             return None
-        turn = Turn(session, messages, keys, mask=mask, alias=alias, lookup_keys=lookup, memo=memo)
+        turn = Turn(session, messages, keys, mask=mask, alias=alias, lookup_keys=lookup)
+        turn.memo, turn.known = memo, known
         turn.learned, turn.learned_moved = new, moved
         if new:
             self._metrics.volatile_lines_learned.inc(new)
@@ -283,11 +286,11 @@ class SessionTracker:
             return None
         return session
 
-    def _learn(self, session: Session, messages: list[Any]) -> tuple[int, int]:
+    def _learn(self, session: Session, messages: list[Any], known: Known | None) -> tuple[int, int]:
         """What changed in the system prompt since the session's previous request
         (proxy.rewrite.learned): (lines learned volatile by this request, lines of it
         move_volatile moves because they were learned)."""
-        lines, digest = learned.text_lines(learned.system_texts(messages))
+        lines, digest = learned.text_lines(learned.system_texts(messages, known))
         new = 0
         if digest == session.system_digest:  # unchanged: only the counts move on
             previous = session.system_lines
@@ -366,7 +369,12 @@ class SessionTracker:
         this request: worked out once, from the record the request was rewritten with."""
         if turn.notes is None:
             turn.notes = notes_after(
-                turn.client_messages, self.detector, turn.session, turn.lookup_keys, turn.keys
+                turn.client_messages,
+                self.detector,
+                turn.session,
+                turn.lookup_keys,
+                turn.keys,
+                turn.known,
             )
         return turn.notes
 

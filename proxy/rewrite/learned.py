@@ -36,11 +36,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from proxy.transcript import with_role
+from proxy.transcript import Known, with_role
 
 # Requests a learned line may go unchanged before it goes back into the system prompt.
 UNLEARN_AFTER = 16
 SOURCE_ROLES = frozenset({"system", "developer"})  # whose lines may be volatile
+# The name of the scan for them in the client's messages (proxy.transcript.Known.with_role).
+CLIENT_SOURCES = "client sources"
 _DIGIT = re.compile(r"\d")
 _NUMBER = re.compile(r"\d+")
 _WORD = re.compile(r"\w")
@@ -85,12 +87,13 @@ def _label_key(line: str) -> bytes:
     return hashlib.blake2b(match.group(1).encode(), digest_size=8).digest()
 
 
-def system_texts(messages: Any) -> tuple[str, ...]:
-    """The text of each system and developer message (of each text part), in order."""
+def system_texts(messages: Any, known: Known | None = None) -> tuple[str, ...]:
+    """The text of each system and developer message (of each text part), in order
+    (``known``: what the request knows of its messages, proxy.transcript.Known)."""
     texts: list[str] = []
     if not isinstance(messages, list):
         return ()
-    for index in with_role(messages, SOURCE_ROLES):
+    for index in with_role(messages, SOURCE_ROLES, known, CLIENT_SOURCES):
         content = messages[index].get("content")
         if isinstance(content, str):
             texts.append(content)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from proxy.failopen import FailOpenLog
 from proxy.sessions import Session
+from proxy.transcript import Known
 
 log = logging.getLogger("prefill_proxy.rewrite")
 
@@ -38,6 +39,8 @@ class RewriteContext:
     volatile: Detector | None = None
     # proxy.transcript.chain_keys of the client's messages, when the session computed them
     message_keys: Sequence[bytes] = ()
+    # What the request knows of its messages (proxy.transcript.Known): scans carried on.
+    known: Known | None = None
 
     def key_of(self, index: int) -> bytes | None:
         return self.message_keys[index] if 0 <= index < len(self.message_keys) else None

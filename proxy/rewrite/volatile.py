@@ -23,9 +23,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from proxy.rewrite.learned import SOURCE_ROLES, learned_line, shape
+from proxy.rewrite.learned import CLIENT_SOURCES, SOURCE_ROLES, learned_line, shape
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
-from proxy.transcript import with_role
+from proxy.transcript import Known, with_role
 
 NOTE_HEADER = "[Context moved from the system prompt: it changes on every request]"
 PLACEHOLDER = "<volatile>"
@@ -224,7 +224,7 @@ def move_volatile(request: Request, context: RewriteContext) -> Request | None:
     also = learned_of(context.session, detector)
     rewritten = list(messages)
     moved: list[str] = []
-    for index in with_role(messages, SOURCE_ROLES):
+    for index in with_role(messages, SOURCE_ROLES, context.known, "rewritten sources"):
         message = messages[index]
         content, lines = _split_content(message.get("content"), detector, also)
         if lines:
@@ -265,14 +265,15 @@ def said_before(session: Any, keys: Sequence[bytes], target: int) -> frozenset[s
 
 
 def volatile_lines(
-    messages: Any, detector: VolatileDetector, session: Any = None
+    messages: Any, detector: VolatileDetector, session: Any = None, known: Known | None = None
 ) -> tuple[str, ...]:
-    """The lines ``move_volatile`` moves out of these messages (for ``session``), in order."""
+    """The lines ``move_volatile`` moves out of these messages (the client's, for
+    ``session``), in order."""
     if not isinstance(messages, list):
         return ()
     also = learned_of(session, detector)
     moved: list[str] = []
-    for index in with_role(messages, SOURCE_ROLES):
+    for index in with_role(messages, SOURCE_ROLES, known, CLIENT_SOURCES):
         moved += _split_content(messages[index].get("content"), detector, also)[1]
     return tuple(moved)
 
@@ -283,11 +284,12 @@ def notes_after(
     record: Any,
     lookup_keys: Sequence[bytes],
     keys: Sequence[bytes],
+    known: Known | None = None,
 ) -> tuple[tuple[bytes, ...], tuple[str, ...]] | tuple[()]:
     """(the record's note carriers, its note lines) after a request whose ``messages`` were
     rewritten with ``record``; () if it has nothing to say. ``lookup_keys``: the keys its
     history was found by; ``keys``: the keys it is recorded by."""
-    lines = volatile_lines(messages, detector, record)
+    lines = volatile_lines(messages, detector, record, known)
     target = note_target(messages)
     if target is None or not lines:
         return ()

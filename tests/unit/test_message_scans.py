@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy.batching import steps_in_turn
-from proxy.transcript import matched_messages, with_role
+from proxy.transcript import Known, matched_messages, with_role
 
 ROLES = ["system", "developer", "user", "assistant", "tool", "other"]
 role_values = st.one_of(
@@ -60,3 +60,64 @@ def test_matched_messages_is_the_common_prefix(chain: list[bytes], before: list[
             break
         matched += 1
     assert matched_messages(chain, before) == matched
+
+
+# How a request's list is made from the one before: kept as it was, trimmed, with one
+# message replaced (by a copy, equal or not) or with every message a copy; then new ones.
+edits = st.sampled_from(["same", "trim", "replace", "equal copy", "copies"])
+
+
+def _next_list(before: list[Any], edit: str, at: int, new: list[Any]) -> list[Any]:
+    messages = list(before)
+    if messages and edit == "trim":
+        del messages[at % len(messages) :]
+    elif messages and edit == "replace":
+        messages[at % len(messages)] = {"role": ROLES[at % len(ROLES)], "content": "replaced"}
+    elif messages and edit == "equal copy":
+        index = at % len(messages)
+        item = messages[index]
+        messages[index] = dict(item) if isinstance(item, dict) else item
+    elif edit == "copies":
+        messages = [dict(m) if isinstance(m, dict) else m for m in messages]
+    return messages + new
+
+
+TOOL, USER = {"role": "tool", "content": "t"}, frozenset({"user"})
+
+
+@settings(max_examples=400)
+@given(
+    st.lists(
+        st.tuples(edits, st.integers(0, 40), st.lists(message, max_size=6), role_sets),
+        max_size=8,
+    )
+)
+@example([("same", 0, [TOOL] * 4, USER), ("replace", 2, [], USER)])  # a middle one
+def test_scans_carried_from_request_to_request_are_the_full_scans(
+    steps: list[tuple[str, int, list[Any], frozenset[str]]],
+) -> None:
+    """A request's scan that reuses the one before it (Known.with_role, carried on by
+    Known.continued as a continued body's is) finds what a scan of the whole list finds,
+    whatever changed between the two lists: the same objects, fewer, other ones, copies."""
+    known, messages = Known(), []
+    for edit, at, new, roles in steps:
+        messages = _next_list(messages, edit, at, new)
+        known = known.continued(messages)
+        assert list(with_role(messages, roles, known, "client")) == with_role(messages, roles)
+        # a second pass over the same list in the same request finds it all again
+        assert list(with_role(messages, roles, known, "client")) == with_role(messages, roles)
+
+
+def test_a_scan_carried_on_looks_only_at_the_new_messages() -> None:
+    """The saving itself: the messages the scan before covered are not read again. Shown by
+    changing one of them in place, which the proxy never does to a parsed message (the
+    next request shares it): a carried scan does not see the change, a full one would."""
+    users = frozenset({"user"})
+    system, user = {"role": "system", "content": "s"}, {"role": "user", "content": "u"}
+    known = Known().continued([system, user])
+    assert list(with_role([system, user], users, known, "client")) == [1]
+    system["role"] = "user"
+    messages = [system, user, {"role": "user", "content": "new"}]
+    known = known.continued(messages)
+    assert list(with_role(messages, users, known, "client")) == [1, 2]
+    assert with_role(messages, users) == [0, 1, 2]
