@@ -9,6 +9,7 @@ prompt). Keys are chained, as vLLM chains block hashes: message i's key covers m
 
 from __future__ import annotations
 
+import bisect
 import collections
 import hashlib
 import itertools
@@ -434,12 +435,11 @@ def with_role(
 
 
 def matched_messages(chain: Sequence[bytes], before: Sequence[bytes]) -> int:
-    """How many leading messages of two chains are equal (a chain: the first difference
-    ends it), found in C."""
-    return next(
-        itertools.compress(itertools.count(), map(operator.ne, chain, before)),
-        min(len(chain), len(before)),
-    )
+    """How many leading messages of two chains are equal. Link i of a chain covers
+    messages 0..i, so links are equal up to the first difference and unequal after it:
+    found by bisection, a few comparisons whatever the history's length."""
+    common = min(len(chain), len(before))
+    return bisect.bisect_left(range(common), True, key=lambda i: chain[i] != before[i])
 
 
 def next_key(

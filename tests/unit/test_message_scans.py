@@ -1,5 +1,6 @@
-"""The C-speed scans over a history (proxy.transcript.with_role, matched_messages) give
-what a plain Python loop over the messages gives, whatever the messages hold."""
+"""The fast scans over a history (proxy.transcript.with_role, matched_messages, and the
+scans carried from a request to the next) give what a plain Python loop over the
+messages gives, whatever the messages hold."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy.batching import steps_in_turn
-from proxy.transcript import Known, matched_messages, with_role
+from proxy.rewrite.volatile import _all_in
+from proxy.transcript import Known, exact_chain, matched_messages, with_role
 
 ROLES = ["system", "developer", "user", "assistant", "tool", "other"]
 role_values = st.one_of(
@@ -52,14 +54,36 @@ def test_steps_in_turn_counts_assistants_after_the_last_user(messages: list[Any]
     assert steps_in_turn(messages) == steps
 
 
-@given(st.lists(st.binary(max_size=2), max_size=20), st.lists(st.binary(max_size=2), max_size=20))
-def test_matched_messages_is_the_common_prefix(chain: list[bytes], before: list[bytes]) -> None:
+values = st.lists(st.integers(0, 3), max_size=12)
+
+
+@given(values, values, values)
+def test_matched_messages_is_the_common_prefix(
+    shared: list[int], tail: list[int], other_tail: list[int]
+) -> None:
+    """Over chains (exact_chain: link i covers messages 0..i), whether one extends the
+    other, they part after a common start, or one is a prefix of the other."""
+    chain, before = exact_chain([*shared, *tail]), exact_chain([*shared, *other_tail])
     matched = 0
     for now, then in zip(chain, before, strict=False):
         if now != then:
             break
         matched += 1
     assert matched_messages(chain, before) == matched
+    assert matched_messages(chain, tuple(before)) == matched  # a session keeps a tuple
+
+
+@given(
+    st.lists(st.binary(min_size=1, max_size=1), max_size=5),
+    st.lists(st.binary(min_size=1, max_size=1), max_size=12),
+    st.integers(0, 14),
+)
+def test_note_carriers_are_found_in_the_history_in_any_order(
+    carriers: list[bytes], keys: list[bytes], stop: int
+) -> None:
+    """volatile._all_in (carriers looked for in order, a set where they are not) is the
+    plain membership test, in order or not, repeated or missing."""
+    assert _all_in(carriers, keys, stop) == all(c in keys[:stop] for c in carriers)
 
 
 # How a request's list is made from the one before: kept as it was, trimmed, with one
