@@ -258,10 +258,23 @@ def said_before(session: Any, keys: Sequence[bytes], target: int) -> frozenset[s
     compaction = getattr(session, "compaction", None)
     if compaction is not None and compaction.cut_key is not None:
         return frozenset()  # folded turns may have taken notes with them
-    history = set(keys[:target])
-    if any(carrier not in history for carrier in carriers):
+    if not _all_in(carriers, keys, target):
         return frozenset()
     return frozenset(session.last_note_lines)
+
+
+def _all_in(carriers: Sequence[bytes], keys: Sequence[bytes], stop: int) -> bool:
+    """Whether every carrier is one of ``keys[:stop]``. Looked for one after another in C
+    (the carriers come in the order of their messages): one pass, without hashing the
+    history into a set, which is built only where they are not found so."""
+    start = 0
+    try:
+        for carrier in carriers:
+            start = keys.index(carrier, start, stop) + 1
+        return True
+    except ValueError:
+        history = set(keys[:stop])
+        return all(carrier in history for carrier in carriers)
 
 
 def volatile_lines(
