@@ -5,7 +5,7 @@ Also what a session remembers after each reply. No I/O."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from proxy import tool_forms
@@ -95,7 +95,8 @@ def remember(
     ``substituted``: ``substitutions`` of this request, if already worked out."""
     keys = list(keys) if keys is not None else chain_keys(client_messages, mask)
     if substituted is None:
-        substituted = substitutions(client_messages, forwarded, keys, rewritten)
+        rewritten = forwarded if rewritten is None else rewritten
+        substituted = substitutions(client_messages, rewritten, keys)
     for key, sent in substituted:
         session.substitute(key, sent)
     if forwarded_chain is None or len(forwarded_chain) != len(forwarded):
@@ -112,18 +113,21 @@ def remember(
 
 def substitutions(
     client_messages: Sequence[Any],
-    forwarded: Sequence[Any],
+    rewritten: Sequence[Any],
     keys: Sequence[bytes],
-    rewritten: Sequence[Any] | None = None,
+    replaced_at: Iterable[int] | None = None,
 ) -> list[tuple[bytes, Any]]:
     """(key, message sent) for each client message the rewrites replaced: what the next
-    request's history is restored to. Needs only the request (see ``remember``)."""
-    rewritten = forwarded if rewritten is None else rewritten
+    request's history is restored to. Needs only the request (see ``remember``).
+    ``rewritten``: the pipeline's messages, one per client message; ``replaced_at``:
+    where they are not the client's objects, if known."""
     if len(rewritten) != len(client_messages):
         return []
     found = []
     # The few the rewrites replaced: most are the client's own objects.
-    for index in replaced(rewritten, client_messages):
+    if replaced_at is None:
+        replaced_at = replaced(rewritten, client_messages)
+    for index in replaced_at:
         sent, given = rewritten[index], client_messages[index]
         # A system prompt is rewritten afresh every time (its volatile values move to the
         # newest message); restoring an old one would hide the new values.

@@ -18,7 +18,7 @@ engine's socket as they are, and the history is not copied at all. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -35,6 +35,9 @@ _SPACE = b" \t\n\r"
 # tests/benchmarks/overhead.py, best of 40: 64 KB 0.052 ms whole, 0.057 spliced; 256 KB
 # 0.258 against 0.151; 1 MB 1.047 against 0.520; measured with the per-message splice).
 MIN_BYTES = 128 << 10
+
+# Where a forwarded list holds other objects than the client's (proxy.tracker.Turn).
+ReplacedIn = Callable[[list[Any]], Iterable[int]]
 
 
 def encode(
@@ -54,12 +57,15 @@ def encode_pieces(
     body: bytes,
     spans: Sequence[bodies.Span] | None = None,
     client: dict[str, Any] | None = None,
+    replaced_in: ReplacedIn | None = None,
 ) -> Body:
     """``forwarded`` as JSON, its messages that are ``client_messages``' own objects as the
     client's bytes of them (``body``: the client's request, which ``client_messages`` were
     parsed from; ``spans``: where each of them is in it, if known). Where the rewrites
     only added top-level fields to ``client`` (the parse of ``body``), the client's bytes
-    with those fields. Raises jsonio.InvalidJSON as jsonio.dumps does."""
+    with those fields. ``replaced_in``: where a list of as many messages holds other
+    objects than ``client_messages``, if the caller works that out once for several
+    uses (proxy.tracker.Turn). Raises jsonio.InvalidJSON as jsonio.dumps does."""
     if client is not None and (extended := _extended(forwarded, client, body)) is not None:
         return extended
     messages = forwarded.get("messages")
@@ -71,7 +77,7 @@ def encode_pieces(
     if spans is None or len(spans) != len(client_messages):
         return jsonio.dumps(forwarded)
     try:
-        return _joined(forwarded, messages, client_messages, body, spans)
+        return _joined(forwarded, messages, client_messages, body, spans, replaced_in)
     except TypeError:  # what orjson cannot write (a huge integer, deep nesting): as before
         return jsonio.dumps(forwarded)
 
@@ -115,6 +121,7 @@ def _joined(
     client_messages: list[Any],
     body: bytes,
     spans: Sequence[bodies.Span],
+    replaced_in: ReplacedIn | None = None,
 ) -> Pieces:
     """``forwarded`` with each run of consecutive client messages as one slice of ``body``
     (``spans``: theirs in it), not copied; the other messages and fields encoded. A
@@ -122,7 +129,8 @@ def _joined(
     runs and two encoded messages."""
     view = memoryview(body)
     if len(messages) == len(client_messages):
-        elements = _in_place(messages, client_messages, view, spans)
+        at = replaced(messages, client_messages) if replaced_in is None else replaced_in(messages)
+        elements = _in_place(messages, at, view, spans)
     else:
         elements = _runs(messages, client_messages, view, spans)
     parts: list[bytes | memoryview] = []
@@ -160,14 +168,14 @@ Elements = list[tuple[bytes | memoryview, int]]
 
 
 def _in_place(
-    messages: list[Any], client_messages: list[Any], view: memoryview, spans: Sequence[bodies.Span]
+    messages: list[Any], replaced_at: Iterable[int], view: memoryview, spans: Sequence[bodies.Span]
 ) -> Elements:
-    """The elements of a forwarded list as long as the client's (nothing dropped): the
-    messages the rewrites replaced are found in C (transcript.replaced), the runs
-    between them are slices."""
+    """The elements of a forwarded list as long as the client's (nothing dropped), given
+    where the rewrites replaced a message (found in C, transcript.replaced): those
+    encoded, the runs between them slices."""
     elements: Elements = []
     start = 0  # the run's first message
-    for index in replaced(messages, client_messages):
+    for index in replaced_at:
         if index > start:
             elements.append((view[spans[start][0] : spans[index - 1][1]], spans[start][0]))
         elements.append((orjson.dumps(messages[index]), -1))

@@ -23,7 +23,7 @@ from proxy.rewrite import learned
 from proxy.rewrite.template_kwargs import pinnable
 from proxy.rewrite.volatile import VolatileDetector, notes_after
 from proxy.sessions import Session, SessionStore, fingerprint, identify
-from proxy.transcript import Known, Memo, Memos, chain_keys, exact_chain
+from proxy.transcript import Known, Memo, Memos, chain_keys, exact_chain, replaced
 
 log = logging.getLogger("prefill_proxy.sessions")
 
@@ -88,6 +88,7 @@ class Turn:
         if not self.lookup_keys:
             self.lookup_keys = self.keys
         self._chained: tuple[list[Any], list[bytes]] | None = None
+        self._replaced: tuple[list[Any], list[int]] | None = None
 
     def exact_chain(self, messages: list[Any]) -> list[bytes]:
         """``exact_chain`` of ``messages`` (this request's forwarded messages), worked out
@@ -97,6 +98,16 @@ class Turn:
         chain = exact_chain(messages, self.memo)
         self._chained = (messages, chain)
         return chain
+
+    def replaced_in(self, messages: list[Any]) -> list[int]:
+        """Where ``messages`` (this request's rewritten or forwarded list) holds other
+        objects than the client's list, worked out once per list: the splice, the
+        compaction bound and the record each ask, and the rewrites replace a few."""
+        if self._replaced is not None and self._replaced[0] is messages:
+            return self._replaced[1]
+        found = list(replaced(messages, self.client_messages))
+        self._replaced = (messages, found)
+        return found
 
 
 class ReplyListener(Protocol):
@@ -359,8 +370,10 @@ class SessionTracker:
 
     def _substituted(self, turn: Turn) -> list[tuple[bytes, Any]]:
         if turn.substituted is None:
+            rewritten = turn.rewritten_messages
+            rewritten = turn.forwarded_messages if rewritten is None else rewritten
             turn.substituted = prefix.substitutions(
-                turn.client_messages, turn.forwarded_messages, turn.keys, turn.rewritten_messages
+                turn.client_messages, rewritten, turn.keys, turn.replaced_in(rewritten)
             )
         return turn.substituted
 

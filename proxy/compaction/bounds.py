@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from proxy import jsonio, tool_forms
 from proxy.compaction.budget import PER_MESSAGE, Budget, Sizer
 from proxy.compaction.state import Compaction
-from proxy.transcript import matched_messages, replaced
+from proxy.transcript import matched_messages
 
 if TYPE_CHECKING:
     from proxy.tracker import Turn
@@ -49,9 +49,8 @@ def bounded_below(
     plus each message's framing; or by the engine's count of the last exchange. Counting
     (tiktoken about 18 MB/s, the bpe crate 1.4-2.5x that) was most of a big request's
     cost, and a proxy that never counts never loads the encoding (tokens.Lazy)."""
-    client = turn.client_messages
-    # The few the rewrites replaced, found in C (most are the client's own objects).
-    rewritten = sum(_utf8_bytes(messages[index]) for index in replaced(messages, client))
+    # The few the rewrites replaced (most are the client's own objects).
+    rewritten = sum(_utf8_bytes(messages[index]) for index in turn.replaced_in(messages))
     bound = turn.body_bytes + rewritten + REWRITE_MARGIN + len(messages) * PER_MESSAGE
     if bound * max(state.ratio, 1.0) <= budget.soft:
         return True

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from proxy.batching import steps_in_turn
 from proxy.rewrite.volatile import _all_in
+from proxy.sessions import Session
+from proxy.tracker import Turn
 from proxy.transcript import Known, exact_chain, matched_messages, with_role
 
 ROLES = ["system", "developer", "user", "assistant", "tool", "other"]
@@ -145,3 +147,15 @@ def test_a_scan_carried_on_looks_only_at_the_new_messages() -> None:
     known = known.continued(messages)
     assert list(with_role(messages, users, known, "client")) == [1, 2]
     assert with_role(messages, users) == [0, 1, 2]
+
+
+def test_a_turn_finds_the_replaced_messages_of_a_list_once() -> None:
+    """Turn.replaced_in: the splice, the compaction bound and the record ask for the same
+    list; another list (equal values, other objects) is looked at afresh."""
+    client = [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]
+    turn = Turn(Session("s"), client, [b"1", b"2"])
+    rewritten = [client[0], {"role": "tool", "content": "b, noted"}]
+    assert turn.replaced_in(rewritten) == [1]
+    assert turn.replaced_in(rewritten) is turn.replaced_in(rewritten)
+    assert turn.replaced_in([dict(client[0]), client[1]]) == [0]
+    assert turn.replaced_in(client) == []
