@@ -391,8 +391,10 @@ class ChatCall(Call):
         """The body's kept copy learns what its request forwarded up to the end of its
         messages, and to which engine: the conversation's next body can start going there
         early. Not after a compaction (the next one may fold other turns) or an early start
-        that was discarded (the next would likely be too)."""
+        that was discarded (the next would likely be too), nor where nothing starts early."""
         kept, content = self.kept, self.content
+        if not self.settings.early_upload_bytes:
+            return
         if kept is None or content is None or self.sent_to is None:
             return
         if self.exchange.compaction or self.early_discarded:
