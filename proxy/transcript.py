@@ -229,8 +229,8 @@ class Known:
 
 
 def _ids(elements: Sequence[Any], others: Iterable[Any]) -> set[int]:
-    present = {id(element) for element in elements}
-    present.update(id(value) for value in others)
+    present = set(map(id, elements))  # in C: a long history's thousands of messages
+    present.update(map(id, others))
     return present
 
 
