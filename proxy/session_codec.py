@@ -4,7 +4,6 @@ the round-trip test (tests/unit/test_session_codec.py) instead of vanishing."""
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 from proxy import jsonio
@@ -58,9 +57,7 @@ def decode(data: bytes) -> Session:
         replied_at, gaps = raw["pace"]
         return Session(
             key=raw["key"],
-            substitutions=collections.OrderedDict(
-                (bytes.fromhex(k), m) for k, m in raw["substitutions"]
-            ),
+            substitutions={bytes.fromhex(k): m for k, m in raw["substitutions"]},
             pinned_template_kwargs=raw["pinned_template_kwargs"],
             last_note_lines=tuple(raw["last_note_lines"]),
             note_carriers=tuple(bytes.fromhex(key) for key in raw["note_carriers"]),

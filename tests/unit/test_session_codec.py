@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 from hypothesis import given
@@ -40,7 +39,7 @@ compactions = st.builds(
 sessions = st.builds(
     Session,
     key=text,
-    substitutions=st.dictionaries(keys, message, max_size=4).map(collections.OrderedDict),
+    substitutions=st.dictionaries(keys, message, max_size=4),
     pinned_template_kwargs=st.dictionaries(text, json_value, max_size=3),
     last_note_lines=st.lists(text, max_size=3).map(tuple),
     note_carriers=st.lists(keys, max_size=3).map(tuple),

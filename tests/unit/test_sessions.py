@@ -213,6 +213,10 @@ def test_substitutions_per_session_are_bounded(monkeypatch: pytest.MonkeyPatch) 
     for index in range(5):
         session.substitute(bytes([index]), {"n": index})
     assert list(session.substitutions) == [bytes([2]), bytes([3]), bytes([4])]
+    # Recorded again, a substitution is the most recent: the least recently recorded goes.
+    session.substitute(bytes([2]), {"n": 2})
+    session.substitute(bytes([5]), {"n": 5})
+    assert list(session.substitutions) == [bytes([4]), bytes([2]), bytes([5])]
 
 
 class Proxy:
