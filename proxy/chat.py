@@ -322,9 +322,9 @@ class ChatCall(Call):
             payload = self.payload
             messages = payload.get("messages")
             turn = self.turn
-            # What the session worked out of the same list for its own uses, if it has it.
-            known = turn.replaced_in if turn and turn.client_messages is messages else None
-            return splice.encode_pieces(forwarded, messages, body, self.spans, payload, known)
+            # What the session works out of the same list for its own uses, if it has it.
+            at = turn.replaced_in if turn and turn.client_messages is messages else None
+            return splice.encode_pieces(forwarded, messages, body, self.spans, payload, at)
         except jsonio.InvalidJSON as exc:  # fail open: the client's own bytes go instead
             log.warning("cannot encode the rewritten request (%s); forwarding it as sent", exc)
             self.exchange.rewrite_failures += ("encode",)
