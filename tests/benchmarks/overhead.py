@@ -81,14 +81,20 @@ class AgentSessions:
     """Request bodies of growing agent sessions of about ``size`` bytes, as a client sends
     them: each request is the previous one plus a tool call and its result. A dev trace's
     system prompt and tools (14, about 9 KB), then steps of about size/64 bytes each (a
-    tool result of JSON text). Each worker runs its own session for
-    ``STEPS_PER_SESSION`` requests, then starts another (a new first user message: a new
+    tool result of JSON text). Each worker runs its own session for ``per_session``
+    requests (STEPS_PER_SESSION), then starts another (a new first user message: a new
     fingerprint, as an agent framework's new task). A session's first request is sent
     but not timed: the proxy has seen a real session's history grow step by step, and
     what is measured is a step of a session it knows. Bodies are joined from pre-encoded
     messages, so the client's own cost stays small next to the proxy's."""
 
-    def __init__(self, size: int, stream: bool, step_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        size: int,
+        stream: bool,
+        step_bytes: int | None = None,
+        per_session: int = STEPS_PER_SESSION,
+    ) -> None:
         from proxy.replay import traces
 
         conversation = traces.load(traces.locate("dev"), limit=1)[0]
@@ -99,13 +105,14 @@ class AgentSessions:
             json.dumps(system).encode(),
         )
         step_bytes = max(step_bytes or size // 64, 600)
+        self.per_session = per_session
         self.steps: list[bytes] = []
         total = len(self.head)
-        while total < size or len(self.steps) < STEPS_PER_SESSION:
+        while total < size or len(self.steps) < per_session:
             self.steps.append(self._step(len(self.steps), step_bytes))
             total += len(self.steps[-1])
-        self.base = max(len(self.steps) - STEPS_PER_SESSION, 0)
-        self.steps += [self._step(self.base + n, step_bytes) for n in range(STEPS_PER_SESSION)]
+        self.base = max(len(self.steps) - per_session, 0)
+        self.steps += [self._step(self.base + n, step_bytes) for n in range(per_session)]
 
     @staticmethod
     def _step(index: int, size: int) -> bytes:
@@ -130,7 +137,7 @@ class AgentSessions:
         return b"," + json.dumps(call).encode() + b"," + json.dumps(result).encode()
 
     def body(self, worker: int, number: int) -> bytes:
-        session, step = divmod(number, STEPS_PER_SESSION)
+        session, step = divmod(number, self.per_session)
         text = f"Task {worker}-{session}: change my flight."
         task = json.dumps({"role": "user", "content": text})
         steps = self.steps[: self.base + step]
@@ -210,11 +217,11 @@ async def run_batch(
         while remaining > 0:
             remaining -= 1
             # A worker's session goes on across the cell's rounds, as a client's would: a
-            # session's first request is one in STEPS_PER_SESSION at every concurrency.
+            # session's first request is one in per_session at every concurrency.
             sent = target.sent.get(index, 0)
             target.sent[index] = sent + 1
             data = body if bodies is None else bodies.body(index + 1000 * target.cells, sent)
-            timed = bodies is None or sent % STEPS_PER_SESSION > 0
+            timed = bodies is None or sent % bodies.per_session > 0
             await _one(session, url, data, stream, batch, headers, timed)
             if think_s:
                 await asyncio.sleep(think_s)
@@ -385,6 +392,13 @@ def parse_args() -> argparse.Namespace:
         help="bytes of each step (a tool call and its result) of the growing sessions "
         "(default: size/64, so about 130 messages at every size; 600 at least)",
     )
+    add(
+        "--steps-per-session",
+        type=int,
+        default=STEPS_PER_SESSION,
+        help="requests of a session before a worker starts another, whose first request "
+        f"is sent untimed but counted in CPU per request (default {STEPS_PER_SESSION})",
+    )
     add("--passthrough", action="store_true", help="also measure a bare FastAPI + aiohttp relay")
     add(
         "--baseline",
@@ -428,7 +442,7 @@ async def measure(args: argparse.Namespace, direct: Target, others: list[Target]
         for mode in args.modes.split(","):
             stream = mode.strip() == "stream"
             if SIZES[size]:
-                bodies = AgentSessions(SIZES[size], stream, args.step_bytes)
+                bodies = AgentSessions(SIZES[size], stream, args.step_bytes, args.steps_per_session)
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 targets = [direct, *others]
                 await measure_cell(
@@ -553,7 +567,8 @@ def store_mb(args: argparse.Namespace) -> float:
             for cell, (size, stream, concurrency, requests) in enumerate(cell_plan(args), 1):
                 if not size:
                     continue  # one short request, over and over: no session state to speak of
-                bodies, sent = AgentSessions(size, stream, args.step_bytes), [0] * concurrency
+                bodies = AgentSessions(size, stream, args.step_bytes, args.steps_per_session)
+                sent = [0] * concurrency
                 for number in range(requests):
                     worker = number % concurrency
                     body = bodies.body(worker + 1000 * cell, sent[worker])
