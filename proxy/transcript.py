@@ -399,8 +399,9 @@ def starts_with(messages: list[Any], before: list[Any]) -> bool:
     """Whether ``messages`` starts with the values of ``before`` (not empty), compared in C:
     Python's == takes an object as equal to itself without looking inside, so a list of
     the very objects of ``before`` (a body's parsed messages carried to the next request)
-    costs a few ns a message. Equal values that are other objects compare by value, which
-    the ends are checked against first: a list of other objects is seldom walked deeply."""
+    costs a few ns a message. Equal values that are other objects compare by value; both
+    ends are checked for identity first, so a list of other objects is seldom walked
+    deeply."""
     count = len(before)
     if not count or len(messages) < count:
         return False
@@ -432,7 +433,7 @@ def with_role(
         return [
             index
             for index, message in enumerate(messages)
-            if isinstance(name := role(message), str) and name in roles
+            if isinstance(its := role(message), str) and its in roles
         ]
 
 
