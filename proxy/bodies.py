@@ -264,19 +264,20 @@ class BodyCache:
             return Parsed(jsonio.loads(body))
         group = self._group(body, credential)
         members = self._groups.get(group) or _Group()
-        parsed, goes_on = None, True
+        parsed, goes_on, lead = None, True, 0
         for kept in members.continued_by(body):  # appended to: one memcmp each
             if len(body) > len(kept.prefix) and body.startswith(kept.prefix):
                 parsed = self._extend(
                     kept.before, body, kept.messages, kept.spans, len(kept.prefix)
                 )
+                lead = len(kept.messages)
                 break
         else:
             for kept in members.recent(CHANGED_TRIES):  # one message changed
                 changed = self._changed(kept, body)
                 if changed is not None:
-                    parsed, index = changed
-                    goes_on = not _first_user_message(kept.messages, index)
+                    parsed, lead = changed  # the kept objects up to the changed one
+                    goes_on = not _first_user_message(kept.messages, lead)
                     break
         if parsed is not None:
             # Its conversation goes on in this body, unless this is another conversation
@@ -285,7 +286,9 @@ class BodyCache:
             if goes_on:
                 self._drop(kept)
             payload = parsed.payload
-            known = kept.known.continued(payload[self.array.key], payload.values())
+            known = kept.known.continued(
+                payload[self.array.key], payload.values(), (kept.messages, lead)
+            )
             parsed = dataclasses.replace(parsed, known=known)
             return self._keep(group, body, parsed, kept.before)
         payload = jsonio.loads(body)

@@ -175,9 +175,12 @@ class Known:
     of the request it continues; ``chains``: its own, for the next one), and objects made
     from parsed ones (``converted``: the chat messages of Responses items, by the id of
     what they were made from, kept with it), and the latest scan of each list the
-    request's passes look through for roles (``scans``, by the name its pass gives it)."""
+    request's passes look through for roles (``scans``, by the name its pass gives it).
+    ``lead``: (this request's parsed array, the one it continues, how many leading
+    elements of the first are the second's very objects), where the body cache knows it:
+    a chain over that array does not check those one by one."""
 
-    __slots__ = ("before", "chains", "converted", "hashes", "scans")
+    __slots__ = ("before", "chains", "converted", "hashes", "lead", "scans")
 
     def __init__(
         self,
@@ -191,6 +194,7 @@ class Known:
         self.chains: dict[str, Chain] = {}
         self.converted: dict[int, tuple[Any, Any]] = {} if converted is None else converted
         self.scans: dict[str, Scan] = {} if scans is None else scans
+        self.lead: tuple[Sequence[Any], Sequence[Any], int] | None = None
 
     def with_role(self, name: str, messages: list[Any], roles: frozenset[str]) -> Sequence[int]:
         """``with_role(messages, roles)``, looked for only past the list this ``name`` was
@@ -206,10 +210,16 @@ class Known:
         self.scans[name] = (list(messages), roles, found)
         return found
 
-    def continued(self, elements: Sequence[Any], others: Iterable[Any] = ()) -> Known:
+    def continued(
+        self,
+        elements: Sequence[Any],
+        others: Iterable[Any] = (),
+        lead: tuple[Sequence[Any], int] | None = None,
+    ) -> Known:
         """What the request continuing this one starts with (``elements``: its parsed
-        array; ``others``: its other top-level values): what was made from the objects it
-        shares, their hashes, and this request's chains."""
+        array; ``others``: its other top-level values; ``lead``: the array it continues
+        and how many of ``elements`` lead with its objects, if known): what was made from
+        the objects it shares, their hashes, and this request's chains."""
         present: set[int] | None = None
         converted: dict[int, tuple[Any, Any]] = {}
         if self.converted:
@@ -225,7 +235,10 @@ class Known:
             hashes = {i: known for i, known in hashes.items() if i in present}
         # A copy: a chain taken from it is gone, and another conversation's request may
         # continue the same body (proxy.bodies keeps it then).
-        return Known(hashes, dict(self.chains), converted, dict(self.scans))
+        known = Known(hashes, dict(self.chains), converted, dict(self.scans))
+        if lead is not None:
+            known.lead = (elements, *lead)
+        return known
 
 
 def _ids(elements: Sequence[Any], others: Iterable[Any]) -> set[int]:
@@ -304,7 +317,7 @@ class Memo:
         previous = _ROOT
         index, count = 0, len(messages)
         while index < count:
-            same = _same_run(messages, before_messages, index, synced) if index < synced else 0
+            same = self._same_run(messages, before_messages, index, synced) if index < synced else 0
             if same:  # a run of the previous list's objects: their links as they were
                 chain += before[index : index + same]
                 index += same
@@ -319,6 +332,15 @@ class Memo:
         self._known.chains[name] = (messages, tag, chain)
         self._messages = max(self._messages, len(messages))
         return chain
+
+    def _same_run(self, now: Sequence[Any], before: Sequence[Any], start: int, stop: int) -> int:
+        """``_same_run``, but for the leading messages the body cache made the previous
+        list's objects (Known.lead): those are not looked at again."""
+        lead = self._known.lead
+        if lead is not None and start == 0 and now is lead[0] and before is lead[1]:
+            known = min(lead[2], stop)
+            return known + _same_run(now, before, known, stop)
+        return _same_run(now, before, start, stop)
 
     def kept(self) -> dict[int, list[bytes | None]]:
         """The digests this request's messages used (and those of the previous request,

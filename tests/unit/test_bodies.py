@@ -276,3 +276,24 @@ def test_a_group_keeps_its_most_recent_short_first_requests() -> None:
     step = {"role": "user", "content": "more"}
     assert cache.parse(body([*sessions[-1], step], {})).reused == 3
     assert cache.parse(body([*sessions[0], step], {})).reused == 0
+
+
+def test_a_continued_body_says_how_many_leading_messages_are_the_kept_objects() -> None:
+    """Known.lead, which a chain over the messages trusts instead of checking each one
+    (proxy.transcript.Memo): all the kept messages where the body appends to them, those
+    before the changed one where one changed."""
+    cache = BodyCache(1 << 20, min_body=0)
+    history = [SYSTEM, {"role": "user", "content": "hi"}, {"role": "tool", "content": "x" * 3000}]
+    first = cache.parse(body(history, {}))
+    longer = [*history, {"role": "assistant", "content": "ok"}]
+    appended = cache.parse(body(longer, {}))
+    edited = [longer[0], {"role": "user", "content": "HI"}, *longer[2:], {"role": "user"}]
+    changed = cache.parse(body(edited, {}))
+    assert changed.reused == len(longer) - 1  # parsed as the kept body with one changed
+    for parsed, before, lead in ((appended, first, 3), (changed, appended, 1)):
+        assert parsed.known is not None and parsed.known.lead is not None
+        now, kept, count = parsed.known.lead
+        assert now is parsed.payload["messages"] and kept is before.payload["messages"]
+        assert count == lead
+        assert all(a is b for a, b in zip(now[:count], kept, strict=False))
+        assert count == len(kept) or now[count] is not kept[count]

@@ -11,6 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy import jsonio
+from proxy.bodies import BodyCache
 from proxy.replay import traces
 from proxy.replay.profiles import Prompt, mixed, varied_clocks
 from proxy.rewrite.volatile import DEFAULT_DETECTOR
@@ -181,6 +182,27 @@ def replay(memo_limit: int, profile: Any, conversations: list[traces.Conversatio
             forwarded, reason = proxy.step(prompt.messages, step.reply)
             out.append((jsonio.dumps_canonical(forwarded), reason))
     return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(sessions_of_steps())
+def test_chains_over_bodies_the_body_cache_continued_are_the_chains(
+    steps: list[tuple[list[Any], Any]],
+) -> None:
+    """As the proxy runs it: each step's body parsed by the body cache (appended to, one
+    message changed, trimmed, or parsed whole), its chains with what the cache carried
+    (the hashes, the previous chains, how many leading messages are the previous
+    parse's objects) equal to chains worked out afresh."""
+    cache, digests = BodyCache(1 << 22, min_body=0), None
+    head = {"role": "system", "content": "An agent. " * 80}  # past the bytes bodies group by
+    for step, mask in steps:
+        messages = [head, *step]
+        parsed = cache.parse(jsonio.dumps({"model": "m", "messages": messages}))
+        parsed_messages = parsed.payload["messages"]
+        memo = Memo(digests, parsed.known)
+        assert chain_keys(parsed_messages, mask, memo) == chain_keys(messages, mask)
+        assert exact_chain(parsed_messages, memo) == exact_chain(messages)
+        digests = memo.kept()
 
 
 def test_the_session_path_forwards_the_same_bytes_with_memos_and_without() -> None:
