@@ -8,8 +8,9 @@ from typing import Any
 
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
+from proxy.scans import with_role
 from proxy.tracker import Turn
-from proxy.transcript import Known, with_role
+from proxy.transcript import Known
 
 USER, ASSISTANT = frozenset({"user"}), frozenset({"assistant"})
 

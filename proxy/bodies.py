@@ -33,7 +33,8 @@ import msgspec
 
 from proxy import jsonio
 from proxy.pieces import Lead
-from proxy.transcript import Known, role
+from proxy.scans import role
+from proxy.transcript import Known
 
 Span = tuple[int, int]  # a message's bytes in its body: body[start:end]
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from proxy import tool_forms
+from proxy.scans import replaced
 from proxy.sessions import Session
 from proxy.transcript import (
     Mask,
@@ -18,7 +19,6 @@ from proxy.transcript import (
     exact_chain_after,
     matched_messages,
     next_key,
-    replaced,
 )
 
 REASONS = (

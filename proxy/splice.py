@@ -25,7 +25,7 @@ import orjson
 
 from proxy import bodies, jsonio, tool_forms
 from proxy.pieces import Body, Pieces, joined
-from proxy.transcript import replaced, same_objects
+from proxy.scans import replaced, same_objects
 
 _MISSING = object()
 _SPACE = b" \t\n\r"
@@ -171,7 +171,7 @@ def _in_place(
     messages: list[Any], replaced_at: Iterable[int], view: memoryview, spans: Sequence[bodies.Span]
 ) -> Elements:
     """The elements of a forwarded list as long as the client's (nothing dropped), given
-    where the rewrites replaced a message (found in C, transcript.replaced): those
+    where the rewrites replaced a message (found in C, scans.replaced): those
     encoded, the runs between them slices."""
     elements: Elements = []
     start = 0  # the run's first message

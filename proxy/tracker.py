@@ -22,8 +22,9 @@ from proxy.metrics import Metrics
 from proxy.rewrite import learned
 from proxy.rewrite.template_kwargs import pinnable
 from proxy.rewrite.volatile import VolatileDetector, notes_after
+from proxy.scans import replaced
 from proxy.sessions import Session, SessionStore, fingerprint, identify
-from proxy.transcript import Known, Memo, Memos, chain_keys, exact_chain, replaced
+from proxy.transcript import Known, Memo, Memos, chain_keys, exact_chain
 
 log = logging.getLogger("prefill_proxy.sessions")
 

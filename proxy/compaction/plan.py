@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.transcript import role as _role
+from proxy.scans import role as _role
 
 HEAD_ROLES = frozenset({"system", "developer"})
 

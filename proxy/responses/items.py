@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from proxy import jsonio
-from proxy.transcript import same_objects
+from proxy.scans import same_objects
 
 SOURCE = "prefill_proxy_items"  # a message's items, as sent or as emitted
 INSTRUCTIONS = "instructions"  # SOURCE of the message made from ``instructions``

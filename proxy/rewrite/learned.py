@@ -36,7 +36,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from proxy.transcript import Known, with_role
+from proxy.scans import with_role
+from proxy.transcript import Known
 
 # Requests a learned line may go unchanged before it goes back into the system prompt.
 UNLEARN_AFTER = 16

@@ -25,7 +25,8 @@ from typing import Any
 
 from proxy.rewrite.learned import CLIENT_SOURCES, SOURCE_ROLES, learned_line, shape
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
-from proxy.transcript import Known, with_role
+from proxy.scans import with_role
+from proxy.transcript import Known
 
 NOTE_HEADER = "[Context moved from the system prompt: it changes on every request]"
 PLACEHOLDER = "<volatile>"

@@ -1,4 +1,4 @@
-"""The fast scans over a history (proxy.transcript.with_role, matched_messages, and the
+"""The fast scans over a history (proxy.scans, proxy.transcript.matched_messages, and the
 scans carried from a request to the next) give what a plain Python loop over the
 messages gives, whatever the messages hold."""
 
@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from proxy.batching import steps_in_turn
 from proxy.rewrite.volatile import _all_in
+from proxy.scans import with_role
 from proxy.sessions import Session
 from proxy.tracker import Turn
-from proxy.transcript import Known, exact_chain, matched_messages, with_role
+from proxy.transcript import Known, exact_chain, matched_messages
 
 ROLES = ["system", "developer", "user", "assistant", "tool", "other"]
 role_values = st.one_of(
