@@ -88,27 +88,28 @@ class Turn:
     def __post_init__(self) -> None:
         if not self.lookup_keys:
             self.lookup_keys = self.keys
-        self._chained: tuple[list[Any], list[bytes]] | None = None
-        self._replaced: tuple[list[Any], list[int]] | None = None
+        # What was worked out of a list, by the name of the work: (the list, the result).
+        self._worked_out: dict[str, tuple[list[Any], Any]] = {}
 
     def exact_chain(self, messages: list[Any]) -> list[bytes]:
         """``exact_chain`` of ``messages`` (this request's forwarded messages), worked out
         once per list: compaction reads it before the tracker records it."""
-        if self._chained is not None and self._chained[0] is messages:
-            return self._chained[1]
-        chain = exact_chain(messages, self.memo)
-        self._chained = (messages, chain)
-        return chain
+        return self._once("exact chain", messages, lambda: exact_chain(messages, self.memo))
 
     def replaced_in(self, messages: list[Any]) -> list[int]:
         """Where ``messages`` (this request's rewritten or forwarded list) holds other
         objects than the client's list, worked out once per list: the splice, the
         compaction bound and the record each ask, and the rewrites replace a few."""
-        if self._replaced is not None and self._replaced[0] is messages:
-            return self._replaced[1]
-        found = list(replaced(messages, self.client_messages))
-        self._replaced = (messages, found)
-        return found
+        return self._once(
+            "replaced", messages, lambda: list(replaced(messages, self.client_messages))
+        )
+
+    def _once(self, work: str, messages: list[Any], result: Callable[[], Any]) -> Any:
+        """``result()``, worked out again only for another list than the last one."""
+        held = self._worked_out.get(work)
+        if held is None or held[0] is not messages:
+            held = self._worked_out[work] = (messages, result())
+        return held[1]
 
 
 class ReplyListener(Protocol):
@@ -240,8 +241,16 @@ class SessionTracker:
         except InvalidJSON as exc:  # fail open: a body too odd to key goes on as sent
             self._failures.failed("session keys", exc)
             return None
-        turn = Turn(session, messages, keys, mask=mask, alias=alias, lookup_keys=lookup)
-        turn.memo, turn.known = memo, known
+        turn = Turn(
+            session,
+            messages,
+            keys,
+            mask=mask,
+            alias=alias,
+            lookup_keys=lookup,
+            memo=memo,
+            known=known,
+        )
         turn.learned, turn.learned_moved = new, moved
         if new:
             self._metrics.volatile_lines_learned.inc(new)
