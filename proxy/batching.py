@@ -9,8 +9,8 @@ from typing import Any
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.scans import with_role
-from proxy.tracker import Turn
 from proxy.transcript import Known
+from proxy.turn import Turn
 
 USER, ASSISTANT = frozenset({"user"}), frozenset({"assistant"})
 

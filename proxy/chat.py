@@ -30,8 +30,9 @@ from proxy.relay import ChatStreamWatcher, StreamWatcher
 from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.stream_usage import request_usage
 from proxy.sessions import fingerprint
-from proxy.tracker import SessionTracker, Turn
+from proxy.tracker import SessionTracker
 from proxy.transcript import Known
+from proxy.turn import Turn
 from proxy.upstream import UpstreamResponse
 
 CHAT_ROUTE = "/v1/chat/completions"

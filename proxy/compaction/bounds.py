@@ -19,7 +19,7 @@ from proxy.compaction.state import Compaction
 from proxy.transcript import matched_messages
 
 if TYPE_CHECKING:
-    from proxy.tracker import Turn
+    from proxy.turn import Turn
 
 # Bytes a rewrite adds besides whole messages: the tool-batching instruction (130) and a
 # context note's header.

@@ -40,7 +40,7 @@ from proxy.upstream import RawHeaders, Upstream
 
 if TYPE_CHECKING:
     from proxy.sessions import Session
-    from proxy.tracker import Turn
+    from proxy.turn import Turn
 
 # A result for a session's record (SessionTracker.post).
 Post = Callable[[str, Callable[["Session"], None]], None]

@@ -24,7 +24,7 @@ from proxy.errors import ProxyError
 from proxy.pieces import Body
 from proxy.relay import StreamWatcher
 from proxy.responses import events, items
-from proxy.tracker import Turn
+from proxy.turn import Turn
 
 RESPONSES_ROUTE = "/v1/responses"
 log = logging.getLogger("prefill_proxy.responses")

@@ -19,7 +19,7 @@ from proxy.errors import UpstreamError
 from proxy.exchange import Exchange, token_counts
 from proxy.metrics import Metrics
 from proxy.sessions import Session
-from proxy.tracker import Turn
+from proxy.turn import Turn
 from proxy.upstream import RawHeaders, Upstream
 from proxy.warmup.ledger import TimedLedger
 from proxy.warmup.policy import (

@@ -27,7 +27,7 @@ from proxy.metrics import Metrics
 from proxy.sessions import Session
 from proxy.sim.app import create_sim_app
 from proxy.sim.config import SimConfig
-from proxy.tracker import Turn
+from proxy.turn import Turn
 from proxy.upstream import Upstream
 from proxy.warmup import Warmer
 from proxy.warmup.policy import CACHED_STREAK, PROBE_EVERY, RETRY_S

@@ -13,8 +13,8 @@ from proxy.batching import steps_in_turn
 from proxy.rewrite.volatile import _all_in
 from proxy.scans import with_role
 from proxy.sessions import Session
-from proxy.tracker import Turn
 from proxy.transcript import Known, exact_chain, matched_messages
+from proxy.turn import Turn
 
 ROLES = ["system", "developer", "user", "assistant", "tool", "other"]
 role_values = st.one_of(

@@ -16,7 +16,7 @@ from proxy import config
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.sessions import Session
-from proxy.tracker import Turn
+from proxy.turn import Turn
 from proxy.upstream import Upstream
 from proxy.warmup import Warmer
 from tests.support.clock import Clock
