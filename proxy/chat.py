@@ -134,6 +134,7 @@ class ChatCall(Call):
         content = self.content = body if forwarded is payload else self.encode(forwarded, body)
         self.log_body("request", content)
         if self.chat.fanout is not None:
+            self.judge()  # a hold is for requests that do not continue their session
             await self.chat.fanout.admit(forwarded, exchange)
         response = await self.send(content, parsed_body=True)
         self.remember_router_token(response)
@@ -306,7 +307,7 @@ class ChatCall(Call):
                 self.chat.failures.failed("compaction", exc)
                 self.exchange.rewrite_failures += ("compaction",)
         aligned = None if forwarded.get("messages") is rewritten else rewritten
-        sessions.forward(turn, forwarded, self.exchange, rewritten_messages=aligned)
+        sessions.forward(turn, forwarded, self.exchange, rewritten_messages=aligned, judge=False)
         return forwarded
 
     def ask_for_usage(self, forwarded: dict[str, Any]) -> dict[str, Any]:
@@ -385,8 +386,19 @@ class ChatCall(Call):
 
     def while_engine_reads(self) -> None:
         if self.turn is not None and self.chat.sessions is not None:
+            self.judge()
             self.chat.sessions.prepare(self.turn)
         self.note_lead()
+
+    def judge(self) -> None:
+        """How the request continues its session (SessionTracker.judge): while the engine
+        reads it, or before its record where that did not run."""
+        if self.turn is not None and self.chat.sessions is not None:
+            self.chat.sessions.judge(self.turn, self.exchange)
+
+    def record(self) -> None:
+        self.judge()
+        super().record()
 
     def note_lead(self) -> None:
         """The body's kept copy learns what its request forwarded up to the end of its
@@ -411,4 +423,5 @@ class ChatCall(Call):
     async def record_reply(self) -> None:
         """The reply into its session (once; only a complete, successful one)."""
         if self.turn is not None and self.chat.sessions is not None:
+            self.judge()  # against the session's last request, not this one once recorded
             await self.chat.sessions.close(self.turn, self.exchange)

@@ -258,15 +258,30 @@ class SessionTracker:
         forwarded: dict[str, Any],
         exchange: Exchange,
         rewritten_messages: list[Any] | None = None,
+        *,
+        judge: bool = True,
     ) -> None:
-        """The request as it goes upstream: how it continues the session's last one.
-        ``rewritten_messages``: the pipeline's messages, when compaction changed them after."""
+        """The request as it goes upstream. ``rewritten_messages``: the pipeline's messages,
+        when compaction changed them after. ``judge``: how it continues the session's last
+        one is judged now; else by ``judge`` later, while the engine reads it."""
         messages = forwarded.get("messages")
         turn.request = forwarded
         turn.forwarded_messages = messages if isinstance(messages, list) else []
         turn.rewritten_messages = rewritten_messages
         turn.tools = forwarded.get("tools")
         turn.template_kwargs = forwarded.get("chat_template_kwargs")
+        if judge:
+            self.judge(turn, exchange)
+
+    def judge(self, turn: Turn, exchange: Exchange) -> None:
+        """How the forwarded request continues the session's last one: its prefix break and
+        the cached tokens to expect, for the metrics and the log line (and a fan-out hold).
+        Once, before the reply is remembered (which moves the session's last chain on).
+        Hashing the forwarded messages is 35 us of a 256 KB step, better spent while the
+        engine reads the request than before it is sent."""
+        if turn.judged:
+            return
+        turn.judged = True
         if exchange.compaction:
             exchange.prefix_break = "compaction"
             exchange.expected_cached = 0

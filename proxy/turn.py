@@ -61,6 +61,7 @@ class Turn:
     # (proxy.prefix.substitutions); None: not worked out yet (SessionTracker.prepare).
     notes: tuple[tuple[bytes, ...], tuple[str, ...]] | tuple[()] | None = None
     substituted: list[tuple[bytes, Any]] | None = None
+    judged: bool = False  # its continuity of the session (SessionTracker.judge)
     recorded: bool = False
 
     def __post_init__(self) -> None:
