@@ -86,7 +86,13 @@ class AgentSessions:
     fingerprint, as an agent framework's new task). A session's first request is sent
     but not timed: the proxy has seen a real session's history grow step by step, and
     what is measured is a step of a session it knows. Bodies are joined from pre-encoded
-    messages, so the client's own cost stays small next to the proxy's."""
+    messages, so the client's own cost stays small next to the proxy's.
+
+    ``replies_back``: each step is instead the reply the client got (the fake upstream's
+    text) and a user message with the JSON text, as a chat client sends its history back:
+    the proxy finds a recorded form for every reply. Such a session grows from its first
+    message through the proxy, untimed, to about ``size``; then ``per_session`` requests
+    are timed."""
 
     def __init__(
         self,
@@ -94,6 +100,7 @@ class AgentSessions:
         stream: bool,
         step_bytes: int | None = None,
         per_session: int = STEPS_PER_SESSION,
+        replies_back: bool = False,
     ) -> None:
         from proxy.replay import traces
 
@@ -106,13 +113,18 @@ class AgentSessions:
         )
         step_bytes = max(step_bytes or size // 64, 600)
         self.per_session = per_session
+        self.replies_back = replies_back
+        make = self._chat_step if replies_back else self._step
         self.steps: list[bytes] = []
         total = len(self.head)
         while total < size or len(self.steps) < per_session:
-            self.steps.append(self._step(len(self.steps), step_bytes))
+            self.steps.append(make(len(self.steps), step_bytes))
             total += len(self.steps[-1])
         self.base = max(len(self.steps) - per_session, 0)
-        self.steps += [self._step(self.base + n, step_bytes) for n in range(per_session)]
+        self.steps += [make(self.base + n, step_bytes) for n in range(per_session)]
+        # Requests of one session, and how many lead untimed.
+        self.session_length = self.base + per_session if replies_back else per_session
+        self.untimed = self.base + 1 if replies_back else 1
 
     @staticmethod
     def _step(index: int, size: int) -> bytes:
@@ -129,19 +141,36 @@ class AgentSessions:
                 }
             ],
         }
-        rows = [
-            {"flight": f"HAT{index:03d}", "seat": f"{n}A", "fare": 100 + n}
-            for n in range(size // 48)
-        ]
-        result = {"role": "tool", "tool_call_id": call_id, "content": json.dumps(rows)}
+        result = {"role": "tool", "tool_call_id": call_id, "content": _rows(index, size)}
         return b"," + json.dumps(call).encode() + b"," + json.dumps(result).encode()
 
+    @staticmethod
+    def _chat_step(index: int, size: int) -> bytes:
+        from tests.support.fake_upstream import WORDS
+
+        reply = {"role": "assistant", "content": "".join(WORDS)}  # as the fake upstream says
+        user = {"role": "user", "content": _rows(index, size)}
+        return b"," + json.dumps(reply).encode() + b"," + json.dumps(user).encode()
+
     def body(self, worker: int, number: int) -> bytes:
-        session, step = divmod(number, self.per_session)
+        session, step = divmod(number, self.session_length)
         text = f"Task {worker}-{session}: change my flight."
         task = json.dumps({"role": "user", "content": text})
-        steps = self.steps[: self.base + step]
+        steps = self.steps[: step if self.replies_back else self.base + step]
         return b"".join([self.head, b",", task.encode(), *steps, b"]}"])
+
+    def timed(self, number: int) -> bool:
+        """Whether a worker's request ``number`` is timed (else sent and counted in CPU
+        per request only)."""
+        return number % self.session_length >= self.untimed
+
+
+def _rows(index: int, size: int) -> str:
+    """A tool's JSON text of about ``size`` bytes."""
+    rows = [
+        {"flight": f"HAT{index:03d}", "seat": f"{n}A", "fare": 100 + n} for n in range(size // 48)
+    ]
+    return json.dumps(rows)
 
 
 def _carries_content(buffer: bytes) -> bool:
@@ -217,11 +246,11 @@ async def run_batch(
         while remaining > 0:
             remaining -= 1
             # A worker's session goes on across the cell's rounds, as a client's would: a
-            # session's first request is one in per_session at every concurrency.
+            # session's untimed requests are as many at every concurrency.
             sent = target.sent.get(index, 0)
             target.sent[index] = sent + 1
             data = body if bodies is None else bodies.body(index + 1000 * target.cells, sent)
-            timed = bodies is None or sent % bodies.per_session > 0
+            timed = bodies is None or bodies.timed(sent)
             await _one(session, url, data, stream, batch, headers, timed)
             if think_s:
                 await asyncio.sleep(think_s)
@@ -399,6 +428,12 @@ def parse_args() -> argparse.Namespace:
         help="requests of a session before a worker starts another, whose first request "
         f"is sent untimed but counted in CPU per request (default {STEPS_PER_SESSION})",
     )
+    add(
+        "--replies-back",
+        action="store_true",
+        help="steps send back the reply the client got and a user message, so the proxy "
+        "restores every reply; sessions grow to their size untimed (many more requests)",
+    )
     add("--passthrough", action="store_true", help="also measure a bare FastAPI + aiohttp relay")
     add(
         "--baseline",
@@ -442,7 +477,9 @@ async def measure(args: argparse.Namespace, direct: Target, others: list[Target]
         for mode in args.modes.split(","):
             stream = mode.strip() == "stream"
             if SIZES[size]:
-                bodies = AgentSessions(SIZES[size], stream, args.step_bytes, args.steps_per_session)
+                bodies = AgentSessions(
+                    SIZES[size], stream, args.step_bytes, args.steps_per_session, args.replies_back
+                )
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 targets = [direct, *others]
                 await measure_cell(
@@ -567,7 +604,9 @@ def store_mb(args: argparse.Namespace) -> float:
             for cell, (size, stream, concurrency, requests) in enumerate(cell_plan(args), 1):
                 if not size:
                     continue  # one short request, over and over: no session state to speak of
-                bodies = AgentSessions(size, stream, args.step_bytes, args.steps_per_session)
+                bodies = AgentSessions(
+                    size, stream, args.step_bytes, args.steps_per_session, args.replies_back
+                )
                 sent = [0] * concurrency
                 for number in range(requests):
                     worker = number % concurrency

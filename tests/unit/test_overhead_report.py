@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import json
+
 from tests.benchmarks.overhead import round_ratios
 
 
@@ -19,3 +22,17 @@ def test_round_ratios_median_and_range() -> None:
 def test_round_ratios_without_a_reference_to_divide_by() -> None:
     assert round_ratios([1.0, -0.5, 2.0], [1.0, 1.0, 1.0]) == "-"
     assert round_ratios([], []) == "-"
+
+
+def test_sessions_that_send_replies_back_grow_from_their_first_message() -> None:
+    from tests.benchmarks.overhead import AgentSessions
+
+    sessions = AgentSessions(8 * 1024, False, 600, per_session=4, replies_back=True)
+    bodies = [sessions.body(0, n) for n in range(sessions.session_length)]
+    assert json.loads(bodies[0])["messages"][-1]["role"] == "user"  # the task alone
+    for before, after in itertools.pairwise(bodies):
+        assert after.startswith(before[:-2])  # each continues the one before
+    assert [sessions.timed(n) for n in range(sessions.session_length)] == [False] * (
+        sessions.base + 1
+    ) + [True] * 3
+    assert sessions.body(0, sessions.session_length) == sessions.body(0, 0).replace(b"0-0", b"0-1")
