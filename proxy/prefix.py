@@ -121,6 +121,16 @@ def substitutions(
     request's history is restored to. Needs only the request (see ``remember``).
     ``rewritten``: the pipeline's messages, one per client message; ``replaced_at``:
     where they are not the client's objects, if known."""
+    at = recorded_at(client_messages, rewritten, replaced_at)
+    return [(keys[index], rewritten[index]) for index in at]
+
+
+def recorded_at(
+    client_messages: Sequence[Any],
+    rewritten: Sequence[Any],
+    replaced_at: Iterable[int] | None = None,
+) -> list[int]:
+    """Where ``substitutions`` records a message, in order."""
     if len(rewritten) != len(client_messages):
         return []
     found = []
@@ -132,7 +142,7 @@ def substitutions(
         # A system prompt is rewritten afresh every time (its volatile values move to the
         # newest message); restoring an old one would hide the new values.
         if sent != given and not _is_system(given):
-            found.append((keys[index], sent))
+            found.append(index)
     return found
 
 

@@ -8,6 +8,7 @@ store sees them. Failing open: a store error costs the session, not the request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -18,10 +19,10 @@ from proxy.failopen import FailOpenLog
 from proxy.history import head_key, history_keys, leading_system
 from proxy.jsonio import InvalidJSON
 from proxy.metrics import Metrics
-from proxy.rewrite import learned
+from proxy.rewrite import learned, restore
 from proxy.rewrite.template_kwargs import pinnable
 from proxy.rewrite.volatile import VolatileDetector, notes_after
-from proxy.sessions import Session, SessionStore, fingerprint, identify
+from proxy.sessions import MAX_SUBSTITUTIONS, Session, SessionStore, fingerprint, identify
 from proxy.transcript import Known, Memo, Memos, chain_keys
 from proxy.turn import Turn
 
@@ -316,12 +317,18 @@ class SessionTracker:
             pass
 
     def _substituted(self, turn: Turn) -> list[tuple[bytes, Any]]:
+        """This request's substitutions, and what restoration will give the next request
+        for its history once they are saved."""
         if turn.substituted is None:
             rewritten = turn.rewritten_messages
             rewritten = turn.forwarded_messages if rewritten is None else rewritten
-            turn.substituted = prefix.substitutions(
-                turn.client_messages, rewritten, turn.keys, turn.replaced_in(rewritten)
-            )
+            client, replaced_at = turn.client_messages, turn.replaced_in(rewritten)
+            at = prefix.recorded_at(client, rewritten, replaced_at)
+            turn.substituted = [(turn.keys[index], rewritten[index]) for index in at]
+            if turn.known is not None:
+                turn.restore_next = restore.carried(
+                    client, rewritten, turn.keys, turn.lookup_keys, replaced_at, at
+                )
         return turn.substituted
 
     def _notes(self, turn: Turn) -> tuple[tuple[bytes, ...], tuple[str, ...]] | tuple[()]:
@@ -396,6 +403,16 @@ class SessionTracker:
             exchanged = [*turn.client_messages, exchange.reply]
             session.head = head_key(exchanged, self.detector.key) or b""
 
+    @staticmethod
+    def _carry_restoration(turn: Turn) -> None:
+        """The next request of this conversation may take restoration's result for this
+        one's history from here (proxy.rewrite.restore): its record is saved, and this
+        record dropped none of its substitutions (the oldest go at MAX_SUBSTITUTIONS)."""
+        carry, known, session = turn.restore_next, turn.known, turn.session
+        if carry is None or known is None or len(session.substitutions) >= MAX_SUBSTITUTIONS:
+            return
+        known.restore_next = dataclasses.replace(carry, saved=restore.saved(session))
+
     async def _point(self, alias: str, key: str) -> None:
         """The alias record of a new fingerprinted session points to it (the newest session
         with that alias wins)."""
@@ -420,6 +437,7 @@ class SessionTracker:
         try:
             if await self.store.save(turn.session):
                 self._metrics.sessions_saved.inc()
+                self._carry_restoration(turn)
                 await self._point_to(turn, key)
                 return
             self._metrics.session_conflicts.inc()

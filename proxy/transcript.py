@@ -14,10 +14,13 @@ import collections
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy import jsonio
 from proxy.scans import same_run, starts_with, with_role
+
+if TYPE_CHECKING:
+    from proxy.rewrite.restore import Carried
 
 Mask = Callable[[str], str]
 # Parsed messages' content hashes by object: id -> (the object, kept alive, its hash).
@@ -26,9 +29,6 @@ Hashes = dict[int, tuple[Any, int]]
 Chain = tuple[Sequence[Any], Any, list[bytes]]
 # A scan of a list of messages for roles: (a copy of the list, the roles, the indices found).
 Scan = tuple[list[Any], frozenset[str], Sequence[int]]
-# History restoration's comparisons (proxy.rewrite.restore): where a recorded form was found
-# (indices), the recorded forms, the client's messages there, and which of them differ.
-Restored = tuple[list[int], list[Any], list[Any], list[bool]]
 
 # v2: chains of per-message digests; v3: long text messages hashed as their fields.
 _ROOT = b"prefill-proxy/transcript/v3"
@@ -178,12 +178,12 @@ class Known:
     from parsed ones (``converted``: the chat messages of Responses items, by the id of
     what they were made from, kept with it), and the latest scan of each list the
     request's passes look through for roles (``scans``, by the name its pass gives it),
-    and history restoration's comparisons (``restored``). ``lead``: (this request's
-    parsed array, the one it continues, how many leading elements of the first are the
-    second's very objects), where the body cache knows it: a chain over that array does
-    not check those one by one."""
+    and history restoration's result for the next request (``restore_next``). ``lead``:
+    (this request's parsed array, the one it continues, how many leading elements of the
+    first are the second's very objects), where the body cache knows it: a chain over that
+    array does not check those one by one."""
 
-    __slots__ = ("before", "chains", "converted", "hashes", "lead", "restored", "scans")
+    __slots__ = ("before", "chains", "converted", "hashes", "lead", "restore_next", "scans")
 
     def __init__(
         self,
@@ -198,7 +198,7 @@ class Known:
         self.converted: dict[int, tuple[Any, Any]] = {} if converted is None else converted
         self.scans: dict[str, Scan] = {} if scans is None else scans
         self.lead: tuple[Sequence[Any], Sequence[Any], int] | None = None
-        self.restored: Restored | None = None
+        self.restore_next: Carried | None = None
 
     def with_role(self, name: str, messages: list[Any], roles: frozenset[str]) -> Sequence[int]:
         """``with_role(messages, roles)``, looked for only past the list this ``name`` was
@@ -242,7 +242,7 @@ class Known:
         # Chains and scans copied: a chain taken from it is gone, and another conversation's
         # request may continue the same body (proxy.bodies keeps it then).
         known = Known(hashes, dict(self.chains), converted, dict(self.scans))
-        known.restored = self.restored  # (its lists are never changed, only replaced)
+        known.restore_next = self.restore_next
         if lead is not None:
             known.lead = (elements, *lead)
         return known

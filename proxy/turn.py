@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.scans import replaced
 from proxy.sessions import Session
 from proxy.transcript import Known, Memo, exact_chain
+
+if TYPE_CHECKING:
+    from proxy.rewrite.restore import Carried
 
 
 @dataclasses.dataclass
@@ -61,6 +64,9 @@ class Turn:
     # (proxy.prefix.substitutions); None: not worked out yet (SessionTracker.prepare).
     notes: tuple[tuple[bytes, ...], tuple[str, ...]] | tuple[()] | None = None
     substituted: list[tuple[bytes, Any]] | None = None
+    # What restoration will give the next request for this one's history, once this
+    # request's record is saved (proxy.rewrite.restore.carried).
+    restore_next: Carried | None = None
     judged: bool = False  # its continuity of the session (SessionTracker.judge)
     recorded: bool = False
 

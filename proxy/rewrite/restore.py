@@ -3,12 +3,30 @@ what the proxy forwarded (or the engine emitted) for them before, byte for byte.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import operator
+from collections.abc import Sequence
 from typing import Any
 
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
-from proxy.transcript import Known, Restored, chain_keys
+from proxy.sessions import Session
+from proxy.transcript import Known, chain_keys
+
+
+@dataclasses.dataclass(frozen=True)
+class Carried:
+    """What restoration gives a session's next request for the history this one had, worked
+    out from this request's record (``carried``) while the engine reads it: the next one
+    looks up only its new messages. Valid once this request's record is saved (``saved``:
+    the record's version, and its last chain link), if the next request finds that very
+    record and continues this request's messages."""
+
+    client: list[Any]  # this request's client messages
+    length: int  # its history: all but the newest message
+    last_key: bytes  # the lookup key of the history's last message
+    messages: list[Any]  # restoration's result for the history
+    restores: bool  # whether that replaces anything
+    saved: tuple[int, bytes] | None = None
 
 
 @transform("restore_history")
@@ -25,54 +43,70 @@ def restore_history(request: Request, context: RewriteContext) -> Request | None
     keys = context.message_keys or chain_keys(messages, context.mask)
     substitutions = session.substitutions
     # The newest message is this request's input: the pipeline makes its forwarded form
-    # afresh (a retry gets the same bytes again from the same transforms). The messages
-    # with a substitution are found at C speed (a long history has thousands without).
+    # afresh (a retry gets the same bytes again from the same transforms).
     history = keys[: len(messages) - 1]
-    found = list(
-        itertools.compress(range(len(history)), map(substitutions.__contains__, history))
-    )
-    if not found:
-        return None
-    recorded = list(map(substitutions.__getitem__, map(history.__getitem__, found)))
-    given = list(map(messages.__getitem__, found))
-    differs = _differs(found, recorded, given, context.known)
+    carried = _carried(context.known, session, messages, history)
+    start = 0 if carried is None else carried.length
     restored = None
-    for at in itertools.compress(range(len(found)), differs):
-        restored = restored if restored is not None else list(messages)
-        restored[found[at]] = recorded[at]
+    if carried is not None and carried.restores:
+        restored = carried.messages + messages[start:]
+    # The messages with a substitution are found at C speed (a long history has thousands
+    # without); with the previous request's result carried, only among the new ones.
+    new = history[start:] if start else history
+    found = map(substitutions.__contains__, new)
+    for index in itertools.compress(range(start, len(history)), found):
+        replacement = substitutions[history[index]]
+        if replacement != messages[index]:
+            restored = restored if restored is not None else list(messages)
+            restored[index] = replacement
     return None if restored is None else {**request, "messages": restored}
 
 
-def _differs(
-    found: list[int], recorded: list[Any], given: list[Any], known: Known | None
-) -> list[bool]:
-    """Whether each recorded form differs from the client's message. A client that sends
-    the model's replies back as it got them has one found per step, each equal to its
-    record: comparing them deeply was 300 us a step at 2,100 messages. The comparisons
-    of the request this one continues (``known``) hold for the leading ones where the
-    places, the records and the client's messages are the same (compared in C, the
-    very objects at once: records and parsed messages are carried from step to step)."""
-    carried: Restored | None = known.restored if known is not None else None
-    count = _same_lead(carried, found, recorded, given) if carried is not None else 0
-    differs = carried[3][:count] if carried is not None and count else []
-    differs += map(operator.ne, recorded[count:], given[count:])
-    if known is not None:
-        known.restored = (found, recorded, given, differs)
-    return differs
+def carried(
+    client: list[Any],
+    rewritten: Sequence[Any],
+    keys: Sequence[bytes],
+    lookup_keys: Sequence[bytes],
+    replaced_at: Sequence[int],
+    recorded_at: Sequence[int],
+) -> Carried | None:
+    """What restoration will give the next request for this one's history, once this
+    request's record is saved as its only change: each message this request records
+    (``recorded_at``, proxy.prefix) as the pipeline sent it, every other one as the client
+    did. A message restored this time is recorded again, one whose record equals the
+    client's is not replaced, and a replaced one that is not recorded (a system prompt,
+    an equal copy) is restored from nothing. None where the history was looked up by other
+    keys than it is recorded by (a changed system prompt)."""
+    length = len(client) - 1
+    if length <= 0 or len(rewritten) != len(client) or len(keys) != len(client):
+        return None
+    if len(lookup_keys) != len(keys) or lookup_keys[length - 1] != keys[length - 1]:
+        return None
+    messages = list(rewritten[:length])
+    for index in set(replaced_at).difference(recorded_at):  # a few: most are recorded
+        if index < length:
+            messages[index] = client[index]
+    restores = bool(recorded_at) and recorded_at[0] < length
+    return Carried(client, length, keys[length - 1], messages, restores)
 
 
-def _same_lead(carried: Restored, found: list[int], recorded: list[Any], given: list[Any]) -> int:
-    """How many leading comparisons of ``carried`` hold here: all of them, or none (most
-    steps only add to the end; a step that changes one is rare enough to compare anew).
-    Both ends are checked for identity first, so records loaded afresh from a shared
-    store are not compared deeply twice."""
-    before_found, before_recorded, before_given, _ = carried
-    count = len(before_found)
-    if not count or count > len(found):
-        return 0
-    for now, before in ((recorded, before_recorded), (given, before_given)):
-        if now[0] is not before[0] or now[count - 1] is not before[count - 1]:
-            return 0
-    if found[:count] != before_found or given[:count] != before_given:
-        return 0
-    return count if recorded[:count] == before_recorded else 0
+def saved(session: Session) -> tuple[int, bytes]:
+    """A record as saved: its version, and the last link of the chain it remembers."""
+    return session.version, session.last_chain[-1] if session.last_chain else b""
+
+
+def _carried(
+    known: Known | None, session: Session, messages: list[Any], history: Sequence[bytes]
+) -> Carried | None:
+    """The previous request's result for this one, where it holds: the record is the one
+    that request saved (no other request recorded since), this request's leading messages
+    are that request's very objects (proxy.bodies), and its keys the same up to there."""
+    carry = known.restore_next if known is not None else None
+    if carry is None or carry.saved is None or carry.saved != saved(session):
+        return None
+    lead = known.lead if known is not None else None
+    if lead is None or lead[0] is not messages or lead[1] is not carry.client:
+        return None
+    if lead[2] < carry.length or len(history) < carry.length:
+        return None
+    return carry if history[carry.length - 1] == carry.last_key else None

@@ -10,12 +10,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy.batching import steps_in_turn
-from proxy.rewrite.pipeline import RewriteContext
-from proxy.rewrite.restore import restore_history
 from proxy.rewrite.volatile import _all_in
 from proxy.scans import with_role
 from proxy.sessions import Session
-from proxy.transcript import Known, chain_keys, exact_chain, matched_messages
+from proxy.transcript import Known, exact_chain, matched_messages
 from proxy.turn import Turn
 
 ROLES = ["system", "developer", "user", "assistant", "tool", "other"]
@@ -108,10 +106,6 @@ def _next_list(before: list[Any], edit: str, at: int, new: list[Any]) -> list[An
         messages[index] = dict(item) if isinstance(item, dict) else item
     elif edit == "copies":
         messages = [dict(m) if isinstance(m, dict) else m for m in messages]
-    elif messages and edit == "reformed":  # a field chain keys leave out: the same key
-        index = at % len(messages)
-        item = messages[index]
-        messages[index] = {**item, "refusal": None} if isinstance(item, dict) else item
     return messages + new
 
 
@@ -154,102 +148,6 @@ def test_a_scan_carried_on_looks_only_at_the_new_messages() -> None:
     known = known.continued(messages)
     assert list(with_role(messages, users, known, "client")) == [1, 2]
     assert with_role(messages, users) == [0, 1, 2]
-
-
-# What the session's record does to a message's recorded form between two requests.
-records = st.sampled_from(["keep", "equal copy", "other", "the client's", "drop"])
-chat_message = st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "assistant", "tool"]), "content": st.text(max_size=2)}
-)
-
-
-def _record(substitutions: dict[bytes, Any], key: bytes, given: Any, what: str) -> None:
-    if what == "equal copy" and key in substitutions:
-        substitutions[key] = dict(substitutions[key])
-    elif what == "other":
-        substitutions[key] = {"role": "assistant", "content": "as emitted"}
-    elif what == "the client's":
-        substitutions[key] = dict(given)
-    elif what == "drop":
-        substitutions.pop(key, None)
-
-
-@settings(max_examples=400)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from(["same", "trim", "replace", "equal copy", "copies", "reformed"]),
-            st.integers(0, 40),
-            st.lists(chat_message, max_size=6),
-            st.lists(st.tuples(st.integers(0, 40), records), max_size=6),
-        ),
-        max_size=8,
-    )
-)
-@example(  # recorded as the client sent them, then the middle one changed in form only
-    [
-        (
-            "same",
-            0,
-            [{"role": r, "content": ""} for r in ["user", "assistant", "tool"] * 2],
-            [(0, "the client's"), (1, "the client's"), (2, "the client's")],
-        ),
-        ("reformed", 1, [], []),
-    ]
-)
-def test_restoration_carried_from_request_to_request_is_the_full_restoration(
-    steps: list[tuple[str, int, list[Any], list[tuple[int, str]]]],
-) -> None:
-    """restore_history with the comparisons of the request before (Known.restored) gives
-    the very messages it gives comparing all anew, whatever changed between the two
-    requests: the client's list (kept, trimmed, one replaced, copied or changed in form
-    only, all copies) and
-    the recorded forms (kept, copied, replaced, the client's own, dropped)."""
-    known, messages, substitutions = Known(), [], {}
-    for edit, at, new, recorded in steps:
-        messages = _next_list(messages, edit, at, new)
-        keys = chain_keys(messages)
-        substitutions = dict(substitutions)  # as a store copies a record
-        for index, what in recorded if messages else ():
-            index %= len(messages)
-            _record(substitutions, keys[index], messages[index], what)
-        session = Session("s", substitutions=substitutions)
-        request = {"messages": messages}
-        known = known.continued(messages)
-        carried = restore_history(
-            request, RewriteContext(session=session, message_keys=keys, known=known)
-        )
-        full = restore_history(request, RewriteContext(session=session, message_keys=keys))
-        if full is None:
-            assert carried is None
-            continue
-        assert carried is not None
-        assert len(carried["messages"]) == len(full["messages"])
-        assert all(a is b for a, b in zip(carried["messages"], full["messages"], strict=True))
-
-
-def test_restoration_carried_on_compares_only_the_new_messages() -> None:
-    """The saving itself: a recorded form compared with the client's message before is not
-    compared again. Shown by changing the record in place, which the proxy never does: the
-    carried comparison does not see it, a full one would."""
-    reply = {"role": "assistant", "content": "done"}
-    messages = [{"role": "user", "content": "go"}, reply, {"role": "user", "content": "ok"}]
-    keys = chain_keys(messages)
-    recorded = dict(reply)
-    session = Session("s", substitutions={keys[1]: recorded})
-    known = Known().continued(messages)
-    context = RewriteContext(session=session, message_keys=keys, known=known)
-    assert restore_history({"messages": messages}, context) is None
-    recorded["content"] = "done, as emitted"
-    messages = [*messages, {"role": "user", "content": "more"}]
-    keys = chain_keys(messages)
-    known = known.continued(messages)
-    context = RewriteContext(session=session, message_keys=keys, known=known)
-    assert restore_history({"messages": messages}, context) is None
-    full = restore_history(
-        {"messages": messages}, RewriteContext(session=session, message_keys=keys)
-    )
-    assert full is not None and full["messages"][1] is recorded
 
 
 def test_a_turn_finds_the_replaced_messages_of_a_list_once() -> None:

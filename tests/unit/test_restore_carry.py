@@ -1,0 +1,193 @@
+"""History restoration carried from a request to the next (proxy.rewrite.restore.Carried):
+a session's requests forward the very bytes they forward without it, whatever the client
+sends back, and the carried result is taken only where it holds."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy import config, jsonio
+from proxy.app import default_transforms
+from proxy.bodies import BodyCache, Parsed
+from proxy.exchange import Exchange
+from proxy.metrics import Metrics
+from proxy.rewrite import Pipeline, RewriteContext, restore
+from proxy.rewrite.volatile import VolatileDetector
+from proxy.sessions import MemoryStore
+from proxy.tracker import SessionTracker
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+
+
+class Client:
+    """The proxy's session path in process, each body parsed as the chat route does: as
+    the continuation of the conversation's previous body (``continued``) or whole."""
+
+    def __init__(self, *, continued: bool) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.detector = VolatileDetector()
+        self.pipeline = Pipeline(default_transforms(config.Settings()))
+        self.tracker = SessionTracker(
+            MemoryStore(10, 60), self.detector, Metrics(CollectorRegistry())
+        )
+        self.bodies = BodyCache(64 << 20, min_body=0) if continued else None
+
+    def send(self, body: bytes, reply: dict[str, Any]) -> bytes:
+        return asyncio.run(self._send(body, reply))
+
+    async def _send(self, body: bytes, reply: dict[str, Any]) -> bytes:
+        parsed = self.bodies.parse(body) if self.bodies is not None else Parsed(jsonio.loads(body))
+        request = parsed.payload
+        turn = await self.tracker.open({}, request, known=parsed.known)
+        assert turn is not None
+        context = RewriteContext(
+            session=turn.session,
+            volatile=self.detector,
+            message_keys=turn.lookup_keys,
+            known=parsed.known,
+        )
+        if self.bodies is not None:  # restoration itself, carried and in full, the same
+            full = dataclasses.replace(context, known=None)
+            assert same(
+                restore.restore_history(request, context), restore.restore_history(request, full)
+            )
+        forwarded = self.pipeline.apply(request, context).request
+        exchange = Exchange("/v1/chat/completions", "POST", status=200)
+        self.tracker.forward(turn, forwarded, exchange)
+        self.tracker.prepare(turn)  # as while the engine reads the request
+        exchange.usage = {"prompt_tokens": 10, "completion_tokens": 1}
+        exchange.reply = reply
+        await self.tracker.close(turn, exchange)
+        await self.tracker.settled()
+        return jsonio.dumps(forwarded["messages"])
+
+
+def same(one: dict[str, Any] | None, other: dict[str, Any] | None) -> bool:
+    """Whether two results of restoration are None, or hold the very same messages."""
+    if one is None or other is None:
+        return one is other
+    pairs = zip(one["messages"], other["messages"], strict=True)
+    return all(a is b for a, b in pairs)
+
+
+def reply_of(step: int) -> dict[str, Any]:
+    """What the model says at ``step``: a tool call, as vLLM writes it."""
+    call = {
+        "id": f"call_{step}",
+        "type": "function",
+        "function": {"name": "lookup", "arguments": json.dumps({"q": step})},
+    }
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def sent_back(reply: dict[str, Any], how: str) -> dict[str, Any]:
+    """The reply as a client sends it back: as it came, or in another form."""
+    if how == "as emitted":
+        return reply
+    if how == "empty content":
+        return {**reply, "content": ""}
+    call = reply["tool_calls"][0]
+    arguments = json.dumps(json.loads(call["function"]["arguments"]), indent=1)
+    function = {**call["function"], "arguments": arguments}
+    return {**reply, "tool_calls": [{**call, "function": function}]}
+
+
+# What a client does at a step: how it sends the reply back, and what else it does.
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["as emitted", "empty content", "arguments re-encoded"]),
+        st.sampled_from(["append", "append", "append", "clock", "edit", "trim"]),
+        st.integers(0, 30),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+def conversation(plan: list[tuple[str, str, int]]) -> list[tuple[bytes, dict[str, Any]]]:
+    """(body, the model's reply) per step of a client following ``plan``."""
+    # (long enough for the body cache to keep the first body: proxy.bodies.HEAD)
+    system = {"role": "system", "content": "Help with flights. " * 20 + "\nNow: 10:00"}
+    messages: list[dict[str, Any]] = [system, {"role": "user", "content": "change my flight"}]
+    exchanges = []
+    for step, (how, also, at) in enumerate(plan):
+        body = {"model": "m", "tools": TOOLS, "messages": messages}
+        reply = reply_of(step)
+        exchanges.append((json.dumps(body).encode(), reply))
+        result = {"role": "tool", "tool_call_id": f"call_{step}", "content": f"result {step}"}
+        messages = [*messages, sent_back(reply, how), result]
+        if also == "clock":
+            clock = system["content"].replace("10:00", f"10:{step:02d}")
+            messages[0] = {**system, "content": clock}
+        elif also == "edit" and len(messages) > 3:
+            index = 2 + at % (len(messages) - 3)
+            messages[index] = {**messages[index], "content": f"edited {step}"}
+        elif also == "trim" and len(messages) > 4:
+            messages = messages[: max(3, len(messages) - 1 - at % 3)]
+            messages.append({"role": "user", "content": f"again {step}"})
+    return exchanges
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps)
+def test_carried_restoration_forwards_the_bytes_of_the_full_one(
+    plan: list[tuple[str, str, int]],
+) -> None:
+    continued, whole = Client(continued=True), Client(continued=False)
+    for body, reply in conversation(plan):
+        assert continued.send(body, reply) == whole.send(body, reply)
+
+
+def test_a_step_that_continues_the_last_takes_its_restoration(monkeypatch) -> None:
+    """The saving is real: a client that keeps its history and sends the replies back
+    re-encoded has each step take the previous one's result (and so look up only its new
+    messages), and still gets every reply restored."""
+    taken = []
+    carried = restore._carried
+
+    def counting(known: Any, *args: Any) -> Any:
+        found = carried(known, *args)
+        if known is not None:  # (the harness also restores without, to compare)
+            taken.append(found is not None)
+        return found
+
+    monkeypatch.setattr(restore, "_carried", counting)
+    client = Client(continued=True)
+    plan = [("arguments re-encoded", "append", 0)] * 6
+    for body, reply in conversation(plan):
+        forwarded = json.loads(client.send(body, reply))
+    # From the second request on (the first has no record to restore from), each takes it.
+    assert taken == [True] * 10  # (the harness restores once more, to compare)
+    emitted = [reply_of(step) for step in range(5)]
+    assert [m for m in forwarded if m["role"] == "assistant"] == emitted
+
+
+def test_a_step_after_another_record_looks_everything_up() -> None:
+    """A record saved by another request in between (a retry, a sub-agent) is not the one
+    the carried result was worked out for: the next step restores from the record."""
+    exchanges = conversation([("arguments re-encoded", "append", 0)] * 4)
+    continued, whole = Client(continued=True), Client(continued=False)
+    for client in (continued, whole):
+        for body, reply in exchanges[:3]:
+            client.send(body, reply)
+        asyncio.run(record_elsewhere(client))
+    assert continued.send(*exchanges[3]) == whole.send(*exchanges[3])
+    assert b"recorded elsewhere" in whole.send(*exchanges[3])
+
+
+async def record_elsewhere(client: Client) -> None:
+    """Another request of the session records another form of the first reply."""
+    store = client.tracker.store
+    [key] = [key for key in store._sessions if key.startswith("f:")]
+    session = await store.get(key)
+    assert session is not None
+    first = next(iter(session.substitutions))
+    session.substitute(first, {**session.substitutions[first], "content": "recorded elsewhere"})
+    assert await store.save(session)
