@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -90,9 +91,10 @@ class AgentSessions:
 
     ``replies_back``: each step is instead the reply the client got (the fake upstream's
     text) and a user message with the JSON text, as a chat client sends its history back:
-    the proxy finds a recorded form for every reply. Such a session grows from its first
-    message through the proxy, untimed, to about ``size``; then ``per_session`` requests
-    are timed."""
+    the proxy finds a recorded form for every reply. "exact": sent back as it came;
+    "sdk": as the OpenAI Python SDK dumps it (its null fields added), which the proxy
+    restores on every step. Such a session grows from its first message through the
+    proxy, untimed, to about ``size``; then ``per_session`` requests are timed."""
 
     def __init__(
         self,
@@ -100,7 +102,7 @@ class AgentSessions:
         stream: bool,
         step_bytes: int | None = None,
         per_session: int = STEPS_PER_SESSION,
-        replies_back: bool = False,
+        replies_back: str = "",
     ) -> None:
         from proxy.replay import traces
 
@@ -114,7 +116,7 @@ class AgentSessions:
         step_bytes = max(step_bytes or size // 64, 600)
         self.per_session = per_session
         self.replies_back = replies_back
-        make = self._chat_step if replies_back else self._step
+        make = functools.partial(self._chat_step, replies_back) if replies_back else self._step
         self.steps: list[bytes] = []
         total = len(self.head)
         while total < size or len(self.steps) < per_session:
@@ -145,10 +147,13 @@ class AgentSessions:
         return b"," + json.dumps(call).encode() + b"," + json.dumps(result).encode()
 
     @staticmethod
-    def _chat_step(index: int, size: int) -> bytes:
+    def _chat_step(form: str, index: int, size: int) -> bytes:
         from tests.support.fake_upstream import WORDS
 
-        reply = {"role": "assistant", "content": "".join(WORDS)}  # as the fake upstream says
+        reply: dict[str, Any] = {"role": "assistant", "content": "".join(WORDS)}  # as it came
+        if form == "sdk":  # ChatCompletionMessage.model_dump()
+            nulls = ("refusal", "annotations", "audio", "function_call", "tool_calls")
+            reply = {"content": reply["content"], **dict.fromkeys(nulls), "role": "assistant"}
         user = {"role": "user", "content": _rows(index, size)}
         return b"," + json.dumps(reply).encode() + b"," + json.dumps(user).encode()
 
@@ -430,9 +435,13 @@ def parse_args() -> argparse.Namespace:
     )
     add(
         "--replies-back",
-        action="store_true",
-        help="steps send back the reply the client got and a user message, so the proxy "
-        "restores every reply; sessions grow to their size untimed (many more requests)",
+        nargs="?",
+        const="exact",
+        default="",
+        choices=["exact", "sdk"],
+        help="steps send back the reply the client got (exact: as it came; sdk: as the OpenAI "
+        "Python SDK dumps it, which the proxy restores) and a user message; sessions grow "
+        "to their size untimed (many more requests)",
     )
     add("--passthrough", action="store_true", help="also measure a bare FastAPI + aiohttp relay")
     add(

@@ -27,7 +27,7 @@ def test_round_ratios_without_a_reference_to_divide_by() -> None:
 def test_sessions_that_send_replies_back_grow_from_their_first_message() -> None:
     from tests.benchmarks.overhead import AgentSessions
 
-    sessions = AgentSessions(8 * 1024, False, 600, per_session=4, replies_back=True)
+    sessions = AgentSessions(8 * 1024, False, 600, per_session=4, replies_back="exact")
     bodies = [sessions.body(0, n) for n in range(sessions.session_length)]
     assert json.loads(bodies[0])["messages"][-1]["role"] == "user"  # the task alone
     for before, after in itertools.pairwise(bodies):
