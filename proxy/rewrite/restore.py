@@ -73,10 +73,10 @@ def carried(
     """What restoration will give the next request for this one's history, once this
     request's record is saved as its only change: each message this request records
     (``recorded_at``, proxy.prefix) as the pipeline sent it, every other one as the client
-    did. A message restored this time is recorded again, one whose record equals the
-    client's is not replaced, and a replaced one that is not recorded (a system prompt,
-    an equal copy) is restored from nothing. None where the history was looked up by other
-    keys than it is recorded by (a changed system prompt)."""
+    did: a message restored this time is recorded again, one whose record equals the
+    client's is not replaced, and one replaced but not recorded (a system prompt, an
+    equal copy) has nothing to be restored from. None where the history was looked up by
+    other keys than it is recorded by (a changed system prompt)."""
     length = len(client) - 1
     if length <= 0 or len(rewritten) != len(client) or len(keys) != len(client):
         return None

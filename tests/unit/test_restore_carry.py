@@ -39,10 +39,12 @@ class Client:
         )
         self.bodies = BodyCache(64 << 20, min_body=0) if continued else None
 
-    def send(self, body: bytes, reply: dict[str, Any]) -> bytes:
-        return asyncio.run(self._send(body, reply))
+    def send(self, body: bytes, reply: dict[str, Any], *, answered: bool = True) -> bytes:
+        """What goes upstream for ``body``; ``answered``: the engine replied (else the
+        request failed, and nothing is recorded)."""
+        return asyncio.run(self._send(body, reply, answered))
 
-    async def _send(self, body: bytes, reply: dict[str, Any]) -> bytes:
+    async def _send(self, body: bytes, reply: dict[str, Any], answered: bool) -> bytes:
         parsed = self.bodies.parse(body) if self.bodies is not None else Parsed(jsonio.loads(body))
         request = parsed.payload
         turn = await self.tracker.open({}, request, known=parsed.known)
@@ -64,7 +66,8 @@ class Client:
         self.tracker.prepare(turn)  # as while the engine reads the request
         exchange.usage = {"prompt_tokens": 10, "completion_tokens": 1}
         exchange.reply = reply
-        await self.tracker.close(turn, exchange)
+        if answered:
+            await self.tracker.close(turn, exchange)
         await self.tracker.settled()
         return jsonio.dumps(forwarded["messages"])
 
@@ -191,3 +194,24 @@ async def record_elsewhere(client: Client) -> None:
     first = next(iter(session.substitutions))
     session.substitute(first, {**session.substitutions[first], "content": "recorded elsewhere"})
     assert await store.save(session)
+
+
+def test_a_step_after_a_failed_one_takes_nothing_from_before_it() -> None:
+    """A step whose request failed records nothing, so the record is still the one the
+    step before it saved; but the failed step changed a reply in form only (the same key),
+    and the step after continues the failed one: the result carried from before the
+    failed step is not for these messages."""
+    exchanges = conversation([("as emitted", "append", 0)] * 3)
+    body, reply = exchanges[2]
+    request = json.loads(body)
+    request["messages"][2] = {**request["messages"][2], "refusal": None}
+    changed = json.dumps(request).encode()
+    grown = {**request, "messages": [*request["messages"], {"role": "user", "content": "?"}]}
+    continued, whole = Client(continued=True), Client(continued=False)
+    for client in (continued, whole):
+        client.send(*exchanges[0])
+        client.send(*exchanges[1])
+        client.send(changed, reply, answered=False)
+    assert continued.send(json.dumps(grown).encode(), reply) == whole.send(
+        json.dumps(grown).encode(), reply
+    )
