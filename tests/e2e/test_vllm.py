@@ -154,18 +154,23 @@ def test_repeated_long_prompt_is_cached_and_the_proxy_counts_it(proxy, vllm_serv
         "messages": [{"role": "user", "content": long_prompt("cache-test")}],
     }
     labels = {"route": CHAT, "model": vllm_server.model}
-    seen = []
+
+    def counted(name: str) -> float:
+        return proxy.sample(f"prefill_proxy_{name}_total", **labels)
+
+    def send(client: httpx.Client) -> tuple[float, float]:
+        """The request's prompt and cached tokens, as the proxy counted them."""
+        prompt, cached, completion = (
+            counted(n) for n in ("prompt_tokens", "cached_prompt_tokens", "completion_tokens")
+        )
+        client.post(proxy.url + CHAT, json=request).raise_for_status()
+        # Read in process from another thread, the counters may still be being written
+        # just after the client has the end (the completion tokens are counted last).
+        proxy.wait_for(lambda: counted("completion_tokens") > completion)
+        return counted("prompt_tokens") - prompt, counted("cached_prompt_tokens") - cached
+
     with httpx.Client(timeout=120) as client:
-        for _ in range(2):
-            before = proxy.sample("prefill_proxy_cached_prompt_tokens_total", **labels)
-            prompt_before = proxy.sample("prefill_proxy_prompt_tokens_total", **labels)
-            client.post(proxy.url + CHAT, json=request).raise_for_status()
-            seen.append(
-                (
-                    proxy.sample("prefill_proxy_prompt_tokens_total", **labels) - prompt_before,
-                    proxy.sample("prefill_proxy_cached_prompt_tokens_total", **labels) - before,
-                )
-            )
+        seen = [send(client), send(client)]
     (prompt1, cached1), (prompt2, cached2) = seen
     assert prompt1 == prompt2 >= 2000
     assert cached1 < prompt1 / 2  # cold: at most a shared template block or two
