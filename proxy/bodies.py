@@ -178,6 +178,9 @@ class Kept:
     # body continuing it can start going there before the proxy has worked on it
     # (``BodyCache.lead``). None: not known, or not to be relied on.
     lead: tuple[Lead, str] | None = None
+    # Bytes kept with it besides the body: the array its request forwarded, or the one
+    # it carries from the request it continues (proxy.encoded).
+    extra: int = 0
 
 
 class _Group:
@@ -236,7 +239,9 @@ class BodyCache:
         self.max_bytes = max_bytes
         self.array = array
         self.min_body = MIN_BODY if min_body is None else min_body
-        self.held = 0  # bytes of the bodies kept (whole: their prefixes are views of them)
+        # Bytes of the bodies kept (whole: their prefixes are views of them), and of what
+        # is kept with them.
+        self.held = 0
         self._lru: collections.OrderedDict[Kept, None] = collections.OrderedDict()
         self._groups: dict[int, _Group] = {}
         # An array element no client sends: where a body's new part is parsed, it proves
@@ -402,12 +407,13 @@ class BodyCache:
         at = spans[1][0] if len(spans) > 1 else spans[0][0]
         probe = (at, body[at : at + PROBE]) if at + PROBE <= end else None
         kept = Kept(group, prefix, probe, len(body), before, messages, spans, known)
+        kept.extra = _extra(known)
         self._lru[kept] = None
         members = self._groups.get(group)
         if members is None:  # (not setdefault: it would build a _Group every time)
             members = self._groups[group] = _Group()
         pushed_out = members.add(kept)
-        self.held += len(body)
+        self.held += kept.size + kept.extra
         if pushed_out is not None:
             self._drop(pushed_out)
         while self.held > self.max_bytes:
@@ -415,15 +421,31 @@ class BodyCache:
         parsed.kept = kept
         return parsed
 
+    def recount(self, kept: Kept) -> None:
+        """Count ``kept`` again, after its request kept the array it forwarded with it
+        (proxy.encoded): against ``max_bytes`` as its body is."""
+        if kept not in self._lru:
+            return  # dropped already: what it holds goes with it
+        extra = _extra(kept.known)
+        self.held += extra - kept.extra
+        kept.extra = extra
+        while self.held > self.max_bytes:
+            self._drop(next(iter(self._lru)))
+
     def _drop(self, kept: Kept) -> None:
         if kept not in self._lru:
             return  # dropped already
         del self._lru[kept]
-        self.held -= kept.size
+        self.held -= kept.size + kept.extra
         members = self._groups[kept.group]
         members.remove(kept)
         if not members.members:
             del self._groups[kept.group]
+
+
+def _extra(known: Known) -> int:
+    """The bytes a kept body's request keeps with it: its forwarded array, if any."""
+    return len(known.encoded.array) if known.encoded is not None else 0
 
 
 def _first_user_message(messages: list[Any], index: int) -> bool:

@@ -326,7 +326,14 @@ class ChatCall(Call):
             turn = self.turn
             # What the session works out of the same list for its own uses, if it has it.
             at = turn.replaced_in if turn and turn.client_messages is messages else None
-            return splice.encode_pieces(forwarded, messages, body, self.spans, payload, at)
+            kept = self.kept  # what the next step finds of this one, if the body is kept
+            known = self.known if kept is not None else None
+            content = splice.encode_pieces(
+                forwarded, messages, body, self.spans, payload, at, known
+            )
+            if kept is not None and (cache := self.body_cache()) is not None:
+                cache.recount(kept)  # what the splice kept with it (proxy.encoded)
+            return content
         except jsonio.InvalidJSON as exc:  # fail open: the client's own bytes go instead
             log.warning("cannot encode the rewritten request (%s); forwarding it as sent", exc)
             self.exchange.rewrite_failures += ("encode",)

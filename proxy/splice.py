@@ -23,9 +23,10 @@ from typing import Any
 
 import orjson
 
-from proxy import bodies, jsonio, tool_forms
+from proxy import bodies, encoded, jsonio, tool_forms
 from proxy.pieces import Body, Pieces, joined
 from proxy.scans import replaced, same_objects
+from proxy.transcript import Known
 
 _MISSING = object()
 _SPACE = b" \t\n\r"
@@ -37,7 +38,7 @@ _SPACE = b" \t\n\r"
 MIN_BYTES = 128 << 10
 
 # Where a forwarded list holds other objects than the client's (proxy.turn.Turn).
-ReplacedIn = Callable[[list[Any]], Iterable[int]]
+ReplacedIn = Callable[[list[Any]], Sequence[int]]
 
 
 def encode(
@@ -58,6 +59,7 @@ def encode_pieces(
     spans: Sequence[bodies.Span] | None = None,
     client: dict[str, Any] | None = None,
     replaced_in: ReplacedIn | None = None,
+    known: Known | None = None,
 ) -> Body:
     """``forwarded`` as JSON, its messages that are ``client_messages``' own objects as the
     client's bytes of them (``body``: the client's request, which ``client_messages`` were
@@ -65,7 +67,10 @@ def encode_pieces(
     only added top-level fields to ``client`` (the parse of ``body``), the client's bytes
     with those fields. ``replaced_in``: where a list of as many messages holds other
     objects than ``client_messages``, if the caller works that out once for several
-    uses (proxy.turn.Turn). Raises jsonio.InvalidJSON as jsonio.dumps does."""
+    uses (proxy.turn.Turn). ``known``: what the body cache carries of the conversation
+    (proxy.transcript.Known), which keeps the forwarded array for the next request where
+    many messages are replaced (proxy.encoded). Raises jsonio.InvalidJSON as
+    jsonio.dumps does."""
     if client is not None and (extended := _extended(forwarded, client, body)) is not None:
         return extended
     messages = forwarded.get("messages")
@@ -77,7 +82,7 @@ def encode_pieces(
     if spans is None or len(spans) != len(client_messages):
         return jsonio.dumps(forwarded)
     try:
-        return _joined(forwarded, messages, client_messages, body, spans, replaced_in)
+        return _joined(forwarded, messages, client_messages, body, spans, replaced_in, known)
     except TypeError:  # what orjson cannot write (a huge integer, deep nesting): as before
         return jsonio.dumps(forwarded)
 
@@ -122,15 +127,25 @@ def _joined(
     body: bytes,
     spans: Sequence[bodies.Span],
     replaced_in: ReplacedIn | None = None,
+    known: Known | None = None,
 ) -> Pieces:
     """``forwarded`` with each run of consecutive client messages as one slice of ``body``
     (``spans``: theirs in it), not copied; the other messages and fields encoded. A
     history with a rewritten system prompt and one message that carries a note is three
-    runs and two encoded messages."""
+    runs and two encoded messages. One with many replaced (restored replies) is built
+    from the array the conversation's last request forwarded, where ``known`` has it."""
     view = memoryview(body)
     if len(messages) == len(client_messages):
-        at = replaced(messages, client_messages) if replaced_in is None else replaced_in(messages)
-        elements = _in_place(messages, at, view, spans)
+        prior = None if known is None else known.encoded
+        at: Sequence[int] = ()
+        if prior is None:
+            at = replaced_in(messages) if replaced_in else list(replaced(messages, client_messages))
+        many = prior is not None or len(at) >= encoded.MIN_REPLACED
+        if known is not None and messages and many:
+            array = known.encoded = encoded.encode(messages, client_messages, view, spans, prior)
+            elements: Elements = [(array.array, -1)]
+        else:
+            elements = _in_place(messages, at, view, spans)
     else:
         elements = _runs(messages, client_messages, view, spans)
     parts: list[bytes | memoryview] = []

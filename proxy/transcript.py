@@ -20,6 +20,7 @@ from proxy import jsonio
 from proxy.scans import same_run, starts_with, with_role
 
 if TYPE_CHECKING:
+    from proxy.encoded import Encoded
     from proxy.rewrite.restore import Carried
 
 Mask = Callable[[str], str]
@@ -174,16 +175,26 @@ class Known:
     """What a request worked out of its parsed messages, carried with its body
     (proxy.bodies) to the request that continues it, whose leading messages are the same
     objects: their content hashes, the chains over the request's lists (``before``: those
-    of the request it continues; ``chains``: its own, for the next one), and objects made
+    of the request it continues; ``chains``: its own, for the next one), objects made
     from parsed ones (``converted``: the chat messages of Responses items, by the id of
-    what they were made from, kept with it), and the latest scan of each list the
-    request's passes look through for roles (``scans``, by the name its pass gives it),
-    and history restoration's result for the next request (``restore_next``). ``lead``:
+    what they were made from, kept with it), the latest scan of each list the request's
+    passes look through for roles (``scans``, by the name its pass gives it), history
+    restoration's result for the next request (``restore_next``), and the array of
+    messages it forwarded, where that is kept (``encoded``, proxy.encoded). ``lead``:
     (this request's parsed array, the one it continues, how many leading elements of the
     first are the second's very objects), where the body cache knows it: a chain over that
     array does not check those one by one."""
 
-    __slots__ = ("before", "chains", "converted", "hashes", "lead", "restore_next", "scans")
+    __slots__ = (
+        "before",
+        "chains",
+        "converted",
+        "encoded",
+        "hashes",
+        "lead",
+        "restore_next",
+        "scans",
+    )
 
     def __init__(
         self,
@@ -199,6 +210,7 @@ class Known:
         self.scans: dict[str, Scan] = {} if scans is None else scans
         self.lead: tuple[Sequence[Any], Sequence[Any], int] | None = None
         self.restore_next: Carried | None = None
+        self.encoded: Encoded | None = None
 
     def with_role(self, name: str, messages: list[Any], roles: frozenset[str]) -> Sequence[int]:
         """``with_role(messages, roles)``, looked for only past the list this ``name`` was
@@ -242,7 +254,7 @@ class Known:
         # Chains and scans copied: a chain taken from it is gone, and another conversation's
         # request may continue the same body (proxy.bodies keeps it then).
         known = Known(hashes, dict(self.chains), converted, dict(self.scans))
-        known.restore_next = self.restore_next
+        known.restore_next, known.encoded = self.restore_next, self.encoded
         if lead is not None:
             known.lead = (elements, *lead)
         return known
