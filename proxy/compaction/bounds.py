@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 REWRITE_MARGIN = 512
 
 
+# Replaced messages past which the engine's count is tried before the body's bytes.
+FEW_REPLACED = 16
+
 # Counting stops this far under the soft watermark, so the next steps' new messages fit
 # under it by their bytes without counting again at once.
 COUNTED_HEADROOM = 0.8
@@ -48,13 +51,27 @@ def bounded_below(
     each message the rewrites replaced (a restored reply, a message that carries a note),
     plus each message's framing; or by the engine's count of the last exchange. Counting
     (tiktoken about 18 MB/s, the bpe crate 1.4-2.5x that) was most of a big request's
-    cost, and a proxy that never counts never loads the encoding (tokens.Lazy)."""
-    # The few the rewrites replaced (most are the client's own objects).
-    rewritten = sum(_utf8_bytes(messages[index]) for index in turn.replaced_in(messages))
+    cost, and a proxy that never counts never loads the encoding (tokens.Lazy). The
+    cheaper bound first: the body's, unless the rewrites replaced many messages (a client
+    that sends every reply back re-encoded has each one restored: 1,700 at 1 MB, whose
+    bytes took 0.86 ms), then the engine's, whose cost grows with the new messages."""
+    replaced_at = turn.replaced_in(messages)
+    bounds = [
+        lambda: _below_by_bytes(state, turn, messages, budget, replaced_at),
+        lambda: _below_by_engine_count(state, turn, messages, budget, tools),
+    ]
+    if len(replaced_at) > FEW_REPLACED:
+        bounds.reverse()
+    return any(bound() for bound in bounds)
+
+
+def _below_by_bytes(
+    state: Compaction, turn: Turn, messages: list[Any], budget: Budget, replaced_at: list[int]
+) -> bool:
+    """The body's bytes, the replaced messages' and the framing (``bounded_below``)."""
+    rewritten = sum(_utf8_bytes(messages[index]) for index in replaced_at)
     bound = turn.body_bytes + rewritten + REWRITE_MARGIN + len(messages) * PER_MESSAGE
-    if bound * max(state.ratio, 1.0) <= budget.soft:
-        return True
-    return _below_by_engine_count(state, turn, messages, budget, tools)
+    return bound * max(state.ratio, 1.0) <= budget.soft
 
 
 def _below_by_engine_count(
