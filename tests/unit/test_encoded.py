@@ -22,7 +22,7 @@ from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.volatile import VolatileDetector
 from proxy.sessions import MemoryStore
 from proxy.tracker import SessionTracker
-from tests.unit.test_restore_carry import TOOLS, reply_of, sent_back
+from tests.unit.test_restore_carry import conversation, reply_of, steps
 from tests.unit.test_splice import STYLES
 
 
@@ -76,44 +76,6 @@ class Proxy:
         await self.tracker.close(turn, exchange)
         await self.tracker.settled()
         return joined(shortcut)
-
-
-def conversation(
-    plan: list[tuple[str, str, int]], style: dict[str, Any]
-) -> list[tuple[bytes, dict[str, Any]]]:
-    """(body, the model's reply) per step of a client following ``plan`` and writing its
-    JSON in ``style``: each step sends the reply back in some form and a tool's result,
-    and may move a clock in the system prompt, edit an earlier message, or go back."""
-    system = {"role": "system", "content": "Help with flights. " * 20 + "\nNow: 10:00"}
-    messages: list[dict[str, Any]] = [system, {"role": "user", "content": "change my flight"}]
-    exchanges = []
-    for step, (how, also, at) in enumerate(plan):
-        body = {"model": "m", "tools": TOOLS, "messages": messages}
-        reply = reply_of(step)
-        exchanges.append((json.dumps(body, **style).encode(), reply))
-        result = {"role": "tool", "tool_call_id": f"call_{step}", "content": f"résult {step}"}
-        messages = [*messages, sent_back(reply, how), result]
-        if also == "clock":
-            clock = system["content"].replace("10:00", f"10:{step:02d}")
-            messages[0] = {**system, "content": clock}
-        elif also == "edit" and len(messages) > 3:
-            index = 2 + at % (len(messages) - 3)
-            messages[index] = {**messages[index], "content": f"edited {step}"}
-        elif also == "trim" and len(messages) > 4:
-            messages = messages[: max(3, len(messages) - 1 - at % 3)]
-            messages.append({"role": "user", "content": f"again {step}"})
-    return exchanges
-
-
-steps = st.lists(
-    st.tuples(
-        st.sampled_from(["as emitted", "empty content", "arguments re-encoded"]),
-        st.sampled_from(["append", "append", "append", "clock", "edit", "trim"]),
-        st.integers(0, 30),
-    ),
-    min_size=1,
-    max_size=12,
-)
 
 
 @settings(max_examples=80, deadline=None)

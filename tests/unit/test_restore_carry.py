@@ -114,8 +114,13 @@ steps = st.lists(
 )
 
 
-def conversation(plan: list[tuple[str, str, int]]) -> list[tuple[bytes, dict[str, Any]]]:
-    """(body, the model's reply) per step of a client following ``plan``."""
+def conversation(
+    plan: list[tuple[str, str, int]], style: dict[str, Any] | None = None
+) -> list[tuple[bytes, dict[str, Any]]]:
+    """(body, the model's reply) per step of a client following ``plan`` and writing its
+    JSON in ``style`` (json.dumps's arguments): each step sends the reply back in some
+    form and a tool's result, and may move a clock in the system prompt, edit an earlier
+    message, or go back."""
     # (long enough for the body cache to keep the first body: proxy.bodies.HEAD)
     system = {"role": "system", "content": "Help with flights. " * 20 + "\nNow: 10:00"}
     messages: list[dict[str, Any]] = [system, {"role": "user", "content": "change my flight"}]
@@ -123,8 +128,8 @@ def conversation(plan: list[tuple[str, str, int]]) -> list[tuple[bytes, dict[str
     for step, (how, also, at) in enumerate(plan):
         body = {"model": "m", "tools": TOOLS, "messages": messages}
         reply = reply_of(step)
-        exchanges.append((json.dumps(body).encode(), reply))
-        result = {"role": "tool", "tool_call_id": f"call_{step}", "content": f"result {step}"}
+        exchanges.append((json.dumps(body, **(style or {})).encode(), reply))
+        result = {"role": "tool", "tool_call_id": f"call_{step}", "content": f"résult {step}"}
         messages = [*messages, sent_back(reply, how), result]
         if also == "clock":
             clock = system["content"].replace("10:00", f"10:{step:02d}")
