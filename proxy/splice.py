@@ -13,7 +13,10 @@ continuation of an earlier one (proxy.bodies); otherwise a big body is scanned f
 whole encode; only the client's spacing and escapes are kept in and between the untouched
 messages, and it is the same bytes whichever way the spans were found. On the request
 path the pieces are not even joined (``encode_pieces``, proxy.pieces): they go to the
-engine's socket as they are, and the history is not copied at all. Pure: no I/O.
+engine's socket as they are, and the history is not copied at all. The exception is a
+history with many messages replaced (every reply restored): its array is joined once and
+kept for the conversation's next request, which takes its bytes (proxy.encoded) rather
+than encoding and slicing message by message again. Pure: no I/O.
 """
 
 from __future__ import annotations
