@@ -97,8 +97,7 @@ def remember(
     if substituted is None:
         rewritten = forwarded if rewritten is None else rewritten
         substituted = substitutions(client_messages, rewritten, keys)
-    for key, sent in substituted:
-        session.substitute(key, sent)
+    session.substitute_all(substituted)
     if forwarded_chain is None or len(forwarded_chain) != len(forwarded):
         forwarded_chain = exact_chain(forwarded, memo)
     chain = list(forwarded_chain)

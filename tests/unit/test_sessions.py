@@ -6,6 +6,7 @@ import asyncio
 import copy
 import json
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given
@@ -217,6 +218,33 @@ def test_substitutions_per_session_are_bounded(monkeypatch: pytest.MonkeyPatch) 
     session.substitute(bytes([2]), {"n": 2})
     session.substitute(bytes([5]), {"n": 5})
     assert list(session.substitutions) == [bytes([4]), bytes([2]), bytes([5])]
+
+
+batches = st.lists(
+    st.lists(st.tuples(st.integers(0, 12), st.integers(0, 3)), max_size=12), max_size=8
+)
+
+
+@given(batches, st.integers(0, 12), st.sampled_from([0, 1, 1 << 20]))
+def test_substituting_many_at_once_is_substituting_them_one_by_one(
+    batches: list[list[tuple[int, int]]], limit: int, few: int
+) -> None:
+    """``substitute_all`` leaves the very record (keys, order, messages, what is dropped
+    at the bound) that one ``substitute`` after another does, whichever path it takes
+    (``few``: below it, the loop), and no copy that shares the substitutions changes."""
+    one_by_one, at_once = Session("s"), Session("s")
+    with (
+        mock.patch("proxy.sessions.MAX_SUBSTITUTIONS", limit),
+        mock.patch("proxy.sessions.FEW_SUBSTITUTED", few),
+    ):
+        for batch in batches:
+            pairs = [(bytes([key]), {"n": value}) for key, value in batch]
+            before, shared = list(at_once.substitutions.items()), at_once.copy()
+            for key, message in pairs:
+                one_by_one.substitute(key, message)
+            at_once.substitute_all(pairs)
+            assert list(at_once.substitutions.items()) == list(one_by_one.substitutions.items())
+            assert list(shared.substitutions.items()) == before
 
 
 class Proxy:
