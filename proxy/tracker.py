@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from proxy import prefix
+from proxy import prefix, record
 from proxy.exchange import Exchange, token_counts
 from proxy.failopen import FailOpenLog
 from proxy.history import head_key, history_keys, leading_system
@@ -322,12 +322,14 @@ class SessionTracker:
         if turn.substituted is None:
             rewritten = turn.rewritten_messages
             rewritten = turn.forwarded_messages if rewritten is None else rewritten
-            client, replaced_at = turn.client_messages, turn.replaced_in(rewritten)
-            at = prefix.recorded_at(client, rewritten, replaced_at)
-            turn.substituted = [(turn.keys[index], rewritten[index]) for index in at]
+            client, keys = turn.client_messages, turn.keys
+            found = record.recorded(
+                client, rewritten, keys, turn.replaced_in(rewritten), turn.known
+            )
+            turn.substituted = found.substituted
             if turn.known is not None:
                 turn.restore_next = restore.carried(
-                    client, rewritten, turn.keys, turn.lookup_keys, replaced_at, at
+                    client, rewritten, keys, turn.lookup_keys, found
                 )
         return turn.substituted
 

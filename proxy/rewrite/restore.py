@@ -3,14 +3,18 @@ what the proxy forwarded (or the engine emitted) for them before, byte for byte.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
 from proxy.sessions import Session
 from proxy.transcript import Known, chain_keys
+
+if TYPE_CHECKING:
+    from proxy.record import Record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,8 +29,15 @@ class Carried:
     length: int  # its history: all but the newest message
     last_key: bytes  # the lookup key of the history's last message
     messages: list[Any]  # restoration's result for the history
-    restores: bool  # whether that replaces anything
+    # where this request recorded a message of the history, and what (proxy.record)
+    recorded: list[int]
+    substituted: list[tuple[bytes, Any]]
     saved: tuple[int, bytes] | None = None
+
+    @property
+    def restores(self) -> bool:
+        """Whether restoration replaces anything in the history."""
+        return bool(self.recorded)
 
 
 @transform("restore_history")
@@ -45,7 +56,7 @@ def restore_history(request: Request, context: RewriteContext) -> Request | None
     # The newest message is this request's input: the pipeline makes its forwarded form
     # afresh (a retry gets the same bytes again from the same transforms).
     history = keys[: len(messages) - 1]
-    carried = _carried(context.known, session, messages, history)
+    carried = _carried(context.known, session, messages, keys)
     start = 0 if carried is None else carried.length
     restored = None
     if carried is not None and carried.restores:
@@ -67,27 +78,33 @@ def carried(
     rewritten: Sequence[Any],
     keys: Sequence[bytes],
     lookup_keys: Sequence[bytes],
-    replaced_at: Sequence[int],
-    recorded_at: Sequence[int],
+    record: Record,
 ) -> Carried | None:
     """What restoration will give the next request for this one's history, once this
-    request's record is saved as its only change: each message this request records
-    (``recorded_at``, proxy.prefix) as the pipeline sent it, every other one as the client
-    did: a message restored this time is recorded again, one whose record equals the
-    client's is not replaced, and one replaced but not recorded (a system prompt, an
-    equal copy) has nothing to be restored from. None where the history was looked up by
-    other keys than it is recorded by (a changed system prompt)."""
+    request's ``record`` (proxy.record) is saved as its only change: each message it
+    records as the pipeline sent it, every other one as the client did: a message
+    restored this time is recorded again, one whose record equals the client's is not
+    replaced, and one replaced but not recorded (a system prompt, an equal copy) has
+    nothing to be restored from. None where the history was looked up by other keys than
+    it is recorded by (a changed system prompt)."""
     length = len(client) - 1
     if length <= 0 or len(rewritten) != len(client) or len(keys) != len(client):
         return None
     if len(lookup_keys) != len(keys) or lookup_keys[length - 1] != keys[length - 1]:
         return None
     messages = list(rewritten[:length])
-    for index in set(replaced_at).difference(recorded_at):  # a few: most are recorded
+    for index in record.unrecorded:  # a few: most are recorded
         if index < length:
             messages[index] = client[index]
-    restores = bool(recorded_at) and recorded_at[0] < length
-    return Carried(client, length, keys[length - 1], messages, restores)
+    below = bisect.bisect_left(record.at, length)
+    return Carried(
+        client,
+        length,
+        keys[length - 1],
+        messages,
+        record.at[:below],
+        record.substituted[:below],
+    )
 
 
 def saved(session: Session) -> tuple[int, bytes]:
@@ -96,17 +113,24 @@ def saved(session: Session) -> tuple[int, bytes]:
 
 
 def _carried(
-    known: Known | None, session: Session, messages: list[Any], history: Sequence[bytes]
+    known: Known | None, session: Session, messages: list[Any], keys: Sequence[bytes]
 ) -> Carried | None:
     """The previous request's result for this one, where it holds: the record is the one
-    that request saved (no other request recorded since), this request's leading messages
-    are that request's very objects (proxy.bodies), and its keys the same up to there."""
+    that request saved (no other request recorded since), and it ``continues`` there."""
     carry = known.restore_next if known is not None else None
     if carry is None or carry.saved is None or carry.saved != saved(session):
         return None
+    return carry if continues(carry, known, messages, keys) else None
+
+
+def continues(
+    carry: Carried, known: Known | None, messages: Sequence[Any], keys: Sequence[bytes]
+) -> bool:
+    """Whether a request's leading messages (keyed ``keys``) are the very objects of the
+    history ``carry`` was worked out for (proxy.bodies), with the same keys up to there."""
     lead = known.lead if known is not None else None
     if lead is None or lead[0] is not messages or lead[1] is not carry.client:
-        return None
-    if lead[2] < carry.length or len(history) < carry.length:
-        return None
-    return carry if history[carry.length - 1] == carry.last_key else None
+        return False
+    if min(lead[2], len(messages) - 1, len(keys)) < carry.length:
+        return False
+    return keys[carry.length - 1] == carry.last_key

@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import config, jsonio
+from proxy import config, jsonio, record
 from proxy.app import default_transforms
 from proxy.bodies import BodyCache, Parsed
 from proxy.exchange import Exchange
@@ -70,6 +70,14 @@ class Client:
             await self.tracker.close(turn, exchange)
         await self.tracker.settled()
         return jsonio.dumps(forwarded["messages"])
+
+    def records(self) -> list[list[tuple[bytes, bytes]]]:
+        """Each stored session's substitutions, in order, as bytes."""
+        sessions = self.tracker.store._sessions.values()  # type: ignore[attr-defined]
+        return [
+            [(key, jsonio.dumps(message)) for key, message in session.substitutions.items()]
+            for session in sessions
+        ]
 
 
 def same(one: dict[str, Any] | None, other: dict[str, Any] | None) -> bool:
@@ -148,9 +156,11 @@ def conversation(
 def test_carried_restoration_forwards_the_bytes_of_the_full_one(
     plan: list[tuple[str, str, int]],
 ) -> None:
+    """And each step records the same (proxy.record, from the previous step's result)."""
     continued, whole = Client(continued=True), Client(continued=False)
     for body, reply in conversation(plan):
         assert continued.send(body, reply) == whole.send(body, reply)
+        assert continued.records() == whole.records()
 
 
 def test_a_step_that_continues_the_last_takes_its_restoration(monkeypatch) -> None:
@@ -177,6 +187,29 @@ def test_a_step_that_continues_the_last_takes_its_restoration(monkeypatch) -> No
     assert [m for m in forwarded if m["role"] == "assistant"] == emitted
 
 
+def test_a_step_that_continues_the_last_works_out_its_record_from_it(monkeypatch) -> None:
+    """Where it records, too: each step after the first takes the previous one's result,
+    and records every reply in the form the model emitted it."""
+    taken = []
+    carry = record._carry
+
+    def counting(*args: Any) -> Any:
+        found = carry(*args)
+        taken.append(found is not None)
+        return found
+
+    monkeypatch.setattr(record, "_carry", counting)
+    continued, whole = Client(continued=True), Client(continued=False)
+    for body, reply in conversation([("arguments re-encoded", "append", 0)] * 6):
+        continued.send(body, reply)
+        whole.send(body, reply)
+    assert taken[::2] == [False] + [True] * 5
+    assert not any(taken[1::2])  # (``whole`` has nothing carried)
+    [substitutions] = [record for record in continued.records() if record]
+    emitted = [jsonio.dumps(reply_of(step)) for step in range(6)]
+    assert [message for _, message in substitutions if b"tool_calls" in message] == emitted
+
+
 def test_a_step_after_another_record_looks_everything_up() -> None:
     """A record saved by another request in between (a retry, a sub-agent) is not the one
     the carried result was worked out for: the next step restores from the record."""
@@ -187,6 +220,7 @@ def test_a_step_after_another_record_looks_everything_up() -> None:
             client.send(body, reply)
         asyncio.run(record_elsewhere(client))
     assert continued.send(*exchanges[3]) == whole.send(*exchanges[3])
+    assert continued.records() == whole.records()
     assert b"recorded elsewhere" in whole.send(*exchanges[3])
 
 
