@@ -316,6 +316,12 @@ def percentile(values: list[float], q: float) -> float:
 def summarize(target: Target, metric: str) -> dict[str, Any]:
     """p50/p99 in ms of ``metric`` (latency or ttft) over all rounds, and per round."""
     values = [v for b in target.batches for v in getattr(b, metric)]
+    if not all(getattr(b, metric) for b in target.batches):
+        # Growing sessions lead with their untimed steps: a round can be all of them.
+        raise SystemExit(
+            f"a round of {target.name} timed no request: raise --requests (each round"
+            " sends --requests / --rounds; a session's growth is untimed)"
+        )
     count = sum(len(b.latency) + b.untimed for b in target.batches)
     cpus = [b.cpu_s for b in target.batches if b.cpu_s is not None]
     result: dict[str, Any] = {
