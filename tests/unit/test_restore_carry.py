@@ -205,7 +205,7 @@ def test_a_step_that_continues_the_last_works_out_its_record_from_it(monkeypatch
         whole.send(body, reply)
     assert taken[::2] == [False] + [True] * 5
     assert not any(taken[1::2])  # (``whole`` has nothing carried)
-    [substitutions] = [record for record in continued.records() if record]
+    [substitutions] = [kept for kept in continued.records() if kept]
     emitted = [jsonio.dumps(reply_of(step)) for step in range(6)]
     assert [message for _, message in substitutions if b"tool_calls" in message] == emitted
 
