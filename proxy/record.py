@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy import prefix
@@ -44,17 +44,18 @@ def recorded(
     client: Sequence[Any],
     rewritten: Sequence[Any],
     keys: Sequence[bytes],
-    replaced_at: Sequence[int],
+    replaced_in: Callable[[], Sequence[int]],
     known: Known | None = None,
 ) -> Record:
     """The record of a request whose client messages are ``client`` (keyed ``keys``) and
-    whose rewritten ones are ``rewritten``, replaced at ``replaced_at`` (in order); from
+    whose rewritten ones are ``rewritten``, replaced where ``replaced_in()`` says (in
+    order: asked only without a carried result, which needs just the new messages'); from
     the previous request's result where ``known`` carries one that holds."""
     if len(rewritten) != len(client):
         return Record([], [], [])
     at: list[int] = []
     substituted: list[tuple[bytes, Any]] = []
-    checked: Sequence[int] = replaced_at
+    checked: Sequence[int] | None = None
     carry = _carry(known, client, keys)
     if carry is not None:
         changed = list(itertools.islice(replaced(rewritten, carry.messages), MAX_CHANGED + 1))
@@ -62,7 +63,11 @@ def recorded(
             at, substituted = list(carry.recorded), list(carry.substituted)
             for index in changed:  # looked at again below
                 _remove(at, substituted, index)
-            checked = [*changed, *replaced_at[bisect.bisect_left(replaced_at, carry.length) :]]
+            length = carry.length
+            new = replaced(rewritten[length:], client[length:])
+            checked = [*changed, *(length + index for index in new)]
+    if checked is None:
+        checked = replaced_in()
     found = prefix.recorded_at(client, rewritten, checked)
     for index in found:
         _insert(at, substituted, index, (keys[index], rewritten[index]))

@@ -324,7 +324,7 @@ class SessionTracker:
             rewritten = turn.forwarded_messages if rewritten is None else rewritten
             client, keys = turn.client_messages, turn.keys
             found = record.recorded(
-                client, rewritten, keys, turn.replaced_in(rewritten), turn.known
+                client, rewritten, keys, lambda: turn.replaced_in(rewritten), turn.known
             )
             turn.substituted = found.substituted
             if turn.known is not None:

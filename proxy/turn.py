@@ -5,6 +5,7 @@ read, and what is worked out of its lists once for them all."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,19 @@ class Turn:
         return self._once(
             "replaced", messages, lambda: list(replaced(messages, self.client_messages))
         )
+
+    def replaced_more_than(self, messages: list[Any], count: int) -> bool:
+        """Whether ``messages`` holds other objects than the client's list at more than
+        ``count`` places: from ``replaced_in`` where it was worked out for this list, else
+        by a scan that stops at the one past ``count`` (a history with every other
+        message restored is looked at for its first few dozen)."""
+        held = self._worked_out.get("replaced")
+        if held is not None and held[0] is messages:
+            return len(held[1]) > count
+        if count < 0:
+            return True
+        found = itertools.islice(replaced(messages, self.client_messages), count, None)
+        return next(found, None) is not None
 
     def _once(self, work: str, messages: list[Any], result: Callable[[], Any]) -> Any:
         """``result()``, worked out again only for another list than the last one."""

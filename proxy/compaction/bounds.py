@@ -55,12 +55,11 @@ def bounded_below(
     cheaper bound first: the body's, unless the rewrites replaced many messages (a client
     that sends every reply back re-encoded has each one restored: 1,700 at 1 MB, whose
     bytes took 0.86 ms), then the engine's, whose cost grows with the new messages."""
-    replaced_at = turn.replaced_in(messages)
     bounds = [
-        lambda: _below_by_bytes(state, turn, messages, budget, replaced_at),
+        lambda: _below_by_bytes(state, turn, messages, budget, turn.replaced_in(messages)),
         lambda: _below_by_engine_count(state, turn, messages, budget, tools),
     ]
-    if len(replaced_at) > FEW_REPLACED:
+    if turn.replaced_more_than(messages, FEW_REPLACED):
         bounds.reverse()
     return any(bound() for bound in bounds)
 

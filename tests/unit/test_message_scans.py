@@ -160,3 +160,17 @@ def test_a_turn_finds_the_replaced_messages_of_a_list_once() -> None:
     assert turn.replaced_in(rewritten) is turn.replaced_in(rewritten)
     assert turn.replaced_in([dict(client[0]), client[1]]) == [0]
     assert turn.replaced_in(client) == []
+
+
+@given(st.lists(st.booleans(), max_size=40), st.integers(-1, 42), st.booleans())
+def test_a_turn_says_whether_more_than_some_messages_were_replaced(
+    replaced_at: list[bool], count: int, listed_first: bool
+) -> None:
+    """Turn.replaced_more_than: what the length of replaced_in says, whether or not that
+    was worked out for the list before (a scan that stops early otherwise)."""
+    client = [{"role": "user", "content": str(index)} for index in range(len(replaced_at))]
+    rewritten = [dict(m) if swap else m for m, swap in zip(client, replaced_at, strict=True)]
+    turn = Turn(Session("s"), client, [b"k"] * len(client))
+    if listed_first:
+        turn.replaced_in(rewritten)
+    assert turn.replaced_more_than(rewritten, count) == (sum(replaced_at) > count)
