@@ -16,6 +16,9 @@ from proxy.transcript import Known, Memo, exact_chain
 if TYPE_CHECKING:
     from proxy.rewrite.restore import Carried
 
+# The name ``replaced_in`` keeps its list by (Turn._once), which ``replaced_more_than`` reads.
+_REPLACED = "replaced"
+
 
 @dataclasses.dataclass
 class Turn:
@@ -87,7 +90,7 @@ class Turn:
         objects than the client's list, worked out once per list: the splice, the
         compaction bound and the record each ask, and the rewrites replace a few."""
         return self._once(
-            "replaced", messages, lambda: list(replaced(messages, self.client_messages))
+            _REPLACED, messages, lambda: list(replaced(messages, self.client_messages))
         )
 
     def replaced_more_than(self, messages: list[Any], count: int) -> bool:
@@ -95,7 +98,7 @@ class Turn:
         ``count`` places: from ``replaced_in`` where it was worked out for this list, else
         by a scan that stops at the one past ``count`` (a history with every other
         message restored is looked at for its first few dozen)."""
-        held = self._worked_out.get("replaced")
+        held = self._worked_out.get(_REPLACED)
         if held is not None and held[0] is messages:
             return len(held[1]) > count
         if count < 0:
