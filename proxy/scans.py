@@ -10,8 +10,10 @@ does (a role).
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import operator
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +25,91 @@ def replaced(now: Iterable[Any], before: Iterable[Any]) -> Iterator[int]:
     """The indices where ``now`` holds another object than ``before`` (up to the shorter
     one's end), found in C: a Python loop over a long history was a tenth of a request's
     session work. Parsed values carried from a request to the next are compared so,
-    never by value. The same list holds no other object: not walked at all."""
+    never by value. The same list holds no other object: not walked at all. Two long
+    lists are compared a block of object addresses at a time (``_replaced_by_block``)."""
     if now is before:
         return iter(())
+    if (
+        _ADDRESSES_READABLE
+        and type(now) is list
+        and type(before) is list
+        and min(len(now), len(before)) >= 2 * BLOCK
+    ):
+        return _replaced_by_block(now, before)
     return itertools.compress(itertools.count(), map(operator.is_not, now, before))
+
+
+# Lists compared a block at a time: each block's addresses in one comparison of bytes.
+BLOCK = 256
+_WORD = ctypes.sizeof(ctypes.c_void_p)
+# Where a list object holds the address of its array of item pointers (CPython's
+# PyListObject: the variable-size header, ob_item, allocated).
+_ITEMS_AT = list.__basicsize__ - 2 * _WORD
+
+
+def _addresses(items: list[Any], count: int) -> bytes:
+    """The addresses of ``items[:count]`` (CPython: what ``id`` gives), as the list holds
+    them: one copy of its array of pointers, 3 us for 3,400 items where ``map(id, ...)``
+    takes 160 us. Read only while the list holds them, so no address is of a freed
+    object."""
+    array = ctypes.c_void_p.from_address(id(items) + _ITEMS_AT).value
+    return ctypes.string_at(array, count * _WORD) if count and array else b""
+
+
+def _readable() -> bool:
+    """Whether this interpreter lays lists out as ``_addresses`` reads them (CPython), and
+    ``id`` is an address: checked once, on a list made for it, else ``replaced`` maps."""
+    try:
+        sample = [object() for _ in range(3)]
+        return _addresses(sample, 3) == b"".join(
+            id(item).to_bytes(_WORD, sys.byteorder) for item in sample
+        )
+    except Exception:
+        return False
+
+
+_ADDRESSES_READABLE = _readable()
+
+
+def _replaced_by_block(now: list[Any], before: list[Any], block: int = BLOCK) -> Iterator[int]:
+    """``replaced`` for two lists, by block: a block whose objects are all the same is one
+    comparison of its addresses (bytes, in C), and a block that differs is walked object
+    by object; from two in a row, the rest is (a history with every other message
+    replaced is walked as without blocks). 3,400 messages, none or two replaced: 11-17 us,
+    where the walk takes 90-140 us; every other one replaced: as the walk."""
+    count = min(len(now), len(before))
+    ours, theirs = _addresses(now, count), _addresses(before, count)
+    size = block * _WORD
+
+    def differs(start: int) -> bool:
+        at = start * _WORD
+        return ours[at : at + size] != theirs[at : at + size]
+
+    def walk(start: int, stop: int) -> Iterator[int]:
+        if start == 0 and stop == count:  # no copies of the lists
+            return itertools.compress(itertools.count(), map(operator.is_not, now, before))
+        found = map(operator.is_not, now[start:stop], before[start:stop])
+        return itertools.compress(itertools.count(start), found)
+
+    def walks(start: int) -> Iterator[Iterator[int]]:  # past a block that differed
+        differed = True
+        while start < count:
+            if not differs(start):
+                start, differed = start + block, False
+                continue
+            stop = count if differed else start + block
+            yield walk(start, stop)
+            start, differed = stop, True
+
+    start = 0
+    while start < count and not differs(start):
+        start += block
+    if start >= count:
+        return iter(())
+    after = start + block
+    if after >= count or differs(after):
+        return walk(start, count)
+    return itertools.chain(walk(start, after), itertools.chain.from_iterable(walks(after)))
 
 
 def same_run(now: Sequence[Any], before: Sequence[Any], start: int, stop: int) -> int:
