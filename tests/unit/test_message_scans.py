@@ -4,14 +4,19 @@ messages gives, whatever the messages hold."""
 
 from __future__ import annotations
 
+import itertools
+import operator
+import platform
 from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from proxy import scans
 from proxy.batching import steps_in_turn
+from proxy.rewrite import volatile
 from proxy.rewrite.volatile import _all_in
-from proxy.scans import with_role
+from proxy.scans import replaced, with_role
 from proxy.sessions import Session
 from proxy.transcript import Known, exact_chain, matched_messages
 from proxy.turn import Turn
@@ -87,6 +92,61 @@ def test_note_carriers_are_found_in_the_history_in_any_order(
     """volatile._all_in (carriers looked for in order, a set where they are not) is the
     plain membership test, in order or not, repeated or missing."""
     assert _all_in(carriers, keys, stop) == all(c in keys[:stop] for c in carriers)
+
+
+def test_a_note_carrier_is_looked_for_where_it_was_found_and_checked_there() -> None:
+    """volatile._all_in takes a carrier's last place only where the key is still there: a
+    place out of range, or holding another key, is searched past as without it."""
+    keys = [b"a", b"b", b"c", b"d"]
+    volatile._FOUND_AT[b"c"] = 3  # holds b"d"
+    assert _all_in([b"b", b"c"], keys, 4)
+    assert volatile._FOUND_AT[b"c"] == 2
+    assert not _all_in([b"c"], keys, 2)  # found at 2, but only keys[:2] count
+    volatile._FOUND_AT[b"x"] = 0
+    assert not _all_in([b"x"], keys, 4)
+
+
+def _walked(now: list[Any], before: list[Any]) -> list[int]:
+    """What ``replaced`` finds, object by object."""
+    return list(itertools.compress(itertools.count(), map(operator.is_not, now, before)))
+
+
+# Where a list holds another object than the one before: the same, a copy (equal, so only
+# identity tells), a new one; runs of each, so blocks hold none, some or all replaced.
+runs = st.lists(st.tuples(st.sampled_from(["same", "copy", "new"]), st.integers(1, 9)), max_size=12)
+
+
+@settings(max_examples=300)
+@given(runs, st.integers(-6, 6), st.integers(1, 5))
+def test_replaced_by_block_is_the_walk_over_every_object(
+    pattern: list[tuple[str, int]], longer_by: int, block: int
+) -> None:
+    """Lists compared a block of addresses at a time find the very indices a walk over
+    every pair finds, in order: whatever the block size, runs of replaced objects, and
+    either list the longer."""
+    kinds = [kind for kind, length in pattern for _ in range(length)]
+    before = [{"i": i} for i in range(len(kinds))]
+    made = {"same": lambda item: item, "copy": dict, "new": lambda item: {"new": item["i"]}}
+    now = [made[kind](item) for kind, item in zip(kinds, before, strict=True)]
+    if longer_by > 0:
+        now += [{"extra": i} for i in range(longer_by)]
+    else:
+        del before[len(before) + longer_by :]
+    assert list(scans._replaced_by_block(now, before, block)) == _walked(now, before)
+    # and through ``replaced``, where the lists are long enough for blocks
+    assert list(replaced(now * 40, before * 40)) == _walked(now * 40, before * 40)
+
+
+def test_lists_are_compared_by_address_on_cpython() -> None:
+    """The block comparison is in use where the interpreter is CPython (else ``replaced``
+    walks every pair, as it did): its addresses are ``id``'s."""
+    if platform.python_implementation() == "CPython":
+        assert scans._ADDRESSES_READABLE
+        items = [object() for _ in range(5)]
+        assert scans._addresses(items, 5) == b"".join(
+            id(item).to_bytes(scans._WORD, "little" if scans.sys.byteorder == "little" else "big")
+            for item in items
+        )
 
 
 # How a request's list is made from the one before: kept as it was, trimmed, with one
