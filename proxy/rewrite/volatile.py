@@ -269,7 +269,7 @@ def _all_in(carriers: Sequence[bytes], keys: Sequence[bytes], stop: int) -> bool
     was found before (``_FOUND_AT``), then one after another in C (the carriers come in
     the order of their messages): one pass, without hashing the history into a set,
     which is built only where they are not found so."""
-    start = 0
+    start, stop = 0, min(stop, len(keys))
     try:
         for carrier in carriers:
             at = _FOUND_AT.get(carrier, -1)

@@ -104,6 +104,8 @@ def test_a_note_carrier_is_looked_for_where_it_was_found_and_checked_there() -> 
     assert not _all_in([b"c"], keys, 2)  # found at 2, but only keys[:2] count
     volatile._FOUND_AT[b"x"] = 0
     assert not _all_in([b"x"], keys, 4)
+    volatile._FOUND_AT[b"d"] = 3
+    assert not _all_in([b"d"], keys[:2], 5)  # a place past the end of a shorter history
 
 
 def _walked(now: list[Any], before: list[Any]) -> list[int]:
