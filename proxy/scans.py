@@ -34,9 +34,17 @@ def replaced(now: Iterable[Any], before: Iterable[Any]) -> Iterator[int]:
         and type(now) is list
         and type(before) is list
         and min(len(now), len(before)) >= 2 * BLOCK
+        and sum(map(operator.is_not, now[:LEAD], before[:LEAD])) < DENSE
     ):
         return _replaced_by_block(now, before)
     return itertools.compress(itertools.count(), map(operator.is_not, now, before))
+
+
+# Lists whose first LEAD objects differ at DENSE places or more (a history with every
+# other reply restored) are walked at once: their blocks would all differ, and reading
+# the addresses first cost such a scan 5 us for nothing (CPU per request +0.06 ms in the
+# overhead benchmark's sdk sessions).
+LEAD, DENSE = 32, 3
 
 
 # Lists compared a block at a time: each block's addresses in one comparison of bytes.
