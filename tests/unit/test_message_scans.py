@@ -195,6 +195,11 @@ def test_scans_carried_from_request_to_request_are_the_full_scans(
         assert list(with_role(messages, roles, known, "client")) == with_role(messages, roles)
         # a second pass over the same list in the same request finds it all again
         assert list(with_role(messages, roles, known, "client")) == with_role(messages, roles)
+        # other passes over the same list (which share its copy and comparison) and over
+        # another list in between
+        tail = messages[at % (len(messages) + 1) :]
+        assert list(with_role(tail, roles, known, "tail")) == with_role(tail, roles)
+        assert list(with_role(messages, USER, known, "users")) == with_role(messages, USER)
 
 
 def test_a_scan_carried_on_looks_only_at_the_new_messages() -> None:
