@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import operator
 import platform
+import sys
 from typing import Any
 
 from hypothesis import example, given, settings
@@ -146,8 +147,7 @@ def test_lists_are_compared_by_address_on_cpython() -> None:
         assert scans._ADDRESSES_READABLE
         items = [object() for _ in range(5)]
         assert scans._addresses(items, 5) == b"".join(
-            id(item).to_bytes(scans._WORD, "little" if scans.sys.byteorder == "little" else "big")
-            for item in items
+            id(item).to_bytes(scans._WORD, sys.byteorder) for item in items
         )
 
 
@@ -195,8 +195,8 @@ def test_scans_carried_from_request_to_request_are_the_full_scans(
         assert list(with_role(messages, roles, known, "client")) == with_role(messages, roles)
         # a second pass over the same list in the same request finds it all again
         assert list(with_role(messages, roles, known, "client")) == with_role(messages, roles)
-        # other passes over the same list (which share its copy and comparison) and over
-        # another list in between
+        # other passes, each by its own name: over the same list, and over another list
+        # in between
         tail = messages[at % (len(messages) + 1) :]
         assert list(with_role(tail, roles, known, "tail")) == with_role(tail, roles)
         assert list(with_role(messages, USER, known, "users")) == with_role(messages, USER)
