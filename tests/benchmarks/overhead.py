@@ -35,6 +35,8 @@ from proxy import heap
 from proxy.background import free_port, spawn, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run by its path: tests.support is imported lazily, so the
+    sys.path.insert(0, str(ROOT))  # run would fail only at its end (--store-size)
 CHAT = "/v1/chat/completions"
 OVERHEAD_HEADER = "x-prefill-proxy-overhead-ms"  # the proxy's own time before upstream
 
