@@ -42,9 +42,7 @@ def replaced(now: Iterable[Any], before: Iterable[Any]) -> Iterator[int]:
 
 # Lists whose first LEAD objects differ at DENSE places or more (a history with every
 # other reply restored) are walked at once: their blocks would all differ, and reading
-# the addresses first costs such a scan 5 us for nothing. (The overhead benchmark's sdk
-# sessions still take 0.05 ms more CPU a request with blocks than without, unexplained:
-# tests/benchmarks/README.md.)
+# the addresses first costs such a scan 5 us for nothing.
 LEAD, DENSE = 32, 3
 
 
