@@ -544,6 +544,87 @@ def compared(rows: list[dict], reference: str = "passthrough") -> str:
     return "\n".join(lines)
 
 
+# The proxy's goals against the passthrough (issue 16): added p50 at c=1 within 1.5x at
+# every size and under 3 ms at 1 MB; within 2x at c=64 at 64 KB; CPU per request at 1 MB
+# under 4x that at 64 KB; idle resident memory within 1.3x of the passthrough's plus the
+# session state the traffic leaves. A stream is judged by its first token.
+C1_RATIO, P50_AT_1M_MS, C64_RATIO_AT_64K, CPU_1M_OVER_64K, MEMORY_RATIO = 1.5, 3.0, 2.0, 4.0, 1.3
+JUDGED_METRICS = ("full response", "TTFT")
+
+
+def goals(rows: list[dict], env: dict[str, Any]) -> str:
+    """The goals above, each judged on this run's cells ("yes" where every figure is
+    within it), as a markdown table; a goal whose cells the run did not measure is left
+    out. Figures of one run on a shared machine, to be read across runs: nothing here is
+    asserted."""
+    proxy: dict[tuple[str, str, int], dict] = {}
+    bare: dict[tuple[str, str, int], dict] = {}
+    for row in rows:
+        if row["metric"] in JUDGED_METRICS and row["target"] in ("proxy", "passthrough"):
+            by = proxy if row["target"] == "proxy" else bare
+            by[(row["size"], row["mode"], row["concurrency"])] = row
+    lines = ["| goal | this run | met |", "|---|---|---|"]
+
+    def judged(goal: str, figures: list[tuple[str, float | None]], bound: float, unit: str) -> None:
+        if not figures:
+            return
+        text = ", ".join(
+            f"{name} {'-' if v is None else f'{v:.2f}{unit}'}".strip() for name, v in figures
+        )
+        met = all(v is not None and v <= bound for _, v in figures)
+        lines.append(f"| {goal} | {text} | {'yes' if met else 'no'} |")
+
+    def ratio(key: tuple[str, str, int]) -> float | None:  # None: the passthrough added <= 0
+        reference = bare[key]["added_p50_ms"]
+        return proxy[key]["added_p50_ms"] / reference if reference > 0 else None
+
+    paired = [key for key in proxy if key in bare]
+    judged(
+        f"c=1: added p50 within {C1_RATIO:g}x of the passthrough's",
+        [(f"{size} {mode}", ratio((size, mode, c))) for size, mode, c in paired if c == 1],
+        C1_RATIO,
+        "x",
+    )
+    judged(
+        f"1 MB, c=1: added p50 under {P50_AT_1M_MS:g} ms",
+        [
+            (mode, row["added_p50_ms"])
+            for (size, mode, c), row in proxy.items()
+            if (size, c) == ("1m", 1)
+        ],
+        P50_AT_1M_MS,
+        " ms",
+    )
+    judged(
+        f"64 KB, c=64: added p50 within {C64_RATIO_AT_64K:g}x of the passthrough's",
+        [(mode, ratio((size, mode, c))) for size, mode, c in paired if (size, c) == ("64k", 64)],
+        C64_RATIO_AT_64K,
+        "x",
+    )
+    growth = []
+    for (size, mode, c), row in proxy.items():
+        small = proxy.get(("64k", mode, c))
+        if size == "1m" and c == 1 and small is not None:
+            cpus = [r["proxy"].get("cpu_ms_per_request") for r in (small, row)]
+            growth.append((mode, None if None in cpus else cpus[1] / cpus[0]))
+    judged(
+        f"CPU per request at 1 MB under {CPU_1M_OVER_64K:g}x that at 64 KB",
+        growth,
+        CPU_1M_OVER_64K,
+        "x",
+    )
+    idle, state = env.get("idle_resident_mb") or {}, env.get("session_state_mb")
+    if state is not None and "proxy" in idle and "passthrough" in idle:
+        memory = idle["proxy"] / (idle["passthrough"] + state)
+        judged(
+            f"idle resident memory within {MEMORY_RATIO:g}x of the passthrough's + session state",
+            [("", memory)],
+            MEMORY_RATIO,
+            "x",
+        )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def round_ratios(reference: list[float], ours: list[float]) -> str:
     """Median (and range) over the rounds of ours / reference added p50, each round's pair
     measured back to back: the machine's speed drifts between rounds, and a pooled p50
@@ -678,6 +759,9 @@ def report(args: argparse.Namespace, env: dict[str, Any], rows: list[dict]) -> N
                 f"proxy idle resident / (passthrough's + session state): {idle['proxy']:.0f} / "
                 f"{bound:.0f} MB = {idle['proxy'] / bound:.2f}x"
             )
+    if table := goals(rows, env):
+        print("\n**goals** (proxy against the passthrough)\n")
+        print(table)
     if args.json:
         options = {k: str(v) for k, v in vars(args).items()}
         figures = {"environment": env, "options": options, "rows": rows}

@@ -1,4 +1,4 @@
-"""The overhead benchmark's per-round ratio (tests/benchmarks/overhead.py)."""
+"""The overhead benchmark's per-round ratio and goals table (tests/benchmarks/overhead.py)."""
 
 from __future__ import annotations
 
@@ -36,3 +36,65 @@ def test_sessions_that_send_replies_back_grow_from_their_first_message() -> None
         sessions.base + 1
     ) + [True] * 3
     assert sessions.body(0, sessions.session_length) == sessions.body(0, 0).replace(b"0-0", b"0-1")
+
+
+def _row(target: str, size: str, mode: str, c: int, added: float, cpu: float = 1.0) -> dict:
+    metric = "TTFT" if mode == "stream" else "full response"
+    proxy = {"cpu_ms_per_request": cpu}
+    return {
+        "target": target,
+        "size": size,
+        "mode": mode,
+        "concurrency": c,
+        "metric": metric,
+        "added_p50_ms": added,
+        "proxy": proxy,
+    }
+
+
+def _goal_lines(rows: list[dict], env: dict | None = None) -> dict[str, str]:
+    from tests.benchmarks.overhead import goals
+
+    table = goals(rows, env or {})
+    return {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()[2:]}
+
+
+def test_goals_judge_each_goal_on_the_run_cells() -> None:
+    rows = [
+        _row("passthrough", "64k", "non-stream", 1, 0.70),
+        _row("proxy", "64k", "non-stream", 1, 0.84, cpu=1.0),  # 1.20x
+        _row("passthrough", "1m", "non-stream", 1, 2.00),
+        _row("proxy", "1m", "non-stream", 1, 3.20, cpu=4.5),  # 1.60x, over 3 ms, 4.5x the CPU
+        _row("passthrough", "64k", "non-stream", 64, 10.0),
+        _row("proxy", "64k", "non-stream", 64, 19.0),  # 1.90x
+    ]
+    env = {"idle_resident_mb": {"proxy": 300.0, "passthrough": 100.0}, "session_state_mb": 200.0}
+    lines = _goal_lines(rows, env)
+    assert lines["c=1: added p50 within 1.5x of the passthrough's"].endswith(
+        "64k non-stream 1.20x, 1m non-stream 1.60x | no |"
+    )
+    assert lines["1 MB, c=1: added p50 under 3 ms"].endswith("non-stream 3.20 ms | no |")
+    assert lines["64 KB, c=64: added p50 within 2x of the passthrough's"].endswith(
+        "non-stream 1.90x | yes |"
+    )
+    assert lines["CPU per request at 1 MB under 4x that at 64 KB"].endswith(
+        "non-stream 4.50x | no |"
+    )
+    memory = "idle resident memory within 1.3x of the passthrough's + session state"
+    assert lines[memory].endswith("| 1.00x | yes |")
+
+
+def test_goals_without_a_reference_to_divide_by_are_not_met() -> None:
+    rows = [_row("passthrough", "64k", "stream", 64, -0.4), _row("proxy", "64k", "stream", 64, 9.0)]
+    line = _goal_lines(rows)["64 KB, c=64: added p50 within 2x of the passthrough's"]
+    assert line.endswith("| stream - | no |")
+
+
+def test_goals_leave_out_what_the_run_did_not_measure() -> None:
+    from tests.benchmarks.overhead import goals
+
+    # A streamed run's full-stream rows are not judged; no passthrough, no ratio goals.
+    only_proxy = [_row("proxy", "2msg", "stream", 1, 0.5)]
+    assert goals(only_proxy, {}) == ""
+    lines = _goal_lines([_row("proxy", "1m", "stream", 1, 2.0)])
+    assert list(lines) == ["1 MB, c=1: added p50 under 3 ms"]
