@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 
-from tests.benchmarks.overhead import round_ratios
+from tests.benchmarks.overhead import goals, round_ratios
 
 
 def test_round_ratios_pair_each_round_with_its_own_reference() -> None:
@@ -53,8 +53,6 @@ def _row(target: str, size: str, mode: str, c: int, added: float, cpu: float = 1
 
 
 def _goal_lines(rows: list[dict], env: dict | None = None) -> dict[str, str]:
-    from tests.benchmarks.overhead import goals
-
     table = goals(rows, env or {})
     return {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()[2:]}
 
@@ -91,10 +89,9 @@ def test_goals_without_a_reference_to_divide_by_are_not_met() -> None:
 
 
 def test_goals_leave_out_what_the_run_did_not_measure() -> None:
-    from tests.benchmarks.overhead import goals
-
-    # A streamed run's full-stream rows are not judged; no passthrough, no ratio goals.
-    only_proxy = [_row("proxy", "2msg", "stream", 1, 0.5)]
-    assert goals(only_proxy, {}) == ""
-    lines = _goal_lines([_row("proxy", "1m", "stream", 1, 2.0)])
+    # No passthrough: no ratio goals. A stream is judged by its first token, not its end.
+    assert goals([_row("proxy", "2msg", "stream", 1, 0.5)], {}) == ""
+    full_stream = {**_row("proxy", "1m", "stream", 1, 9.0), "metric": "full stream"}
+    lines = _goal_lines([_row("proxy", "1m", "stream", 1, 2.0), full_stream])
     assert list(lines) == ["1 MB, c=1: added p50 under 3 ms"]
+    assert lines["1 MB, c=1: added p50 under 3 ms"].endswith("| stream 2.00 ms | yes |")
