@@ -449,6 +449,16 @@ class Direct:
     def sent(self, trigger: str) -> float:
         return self.sample("prefill_proxy_warmups_total", trigger=trigger, outcome="ok")
 
+    def outcomes(self) -> dict[str, float]:
+        """Every warm-up count so far, sent or skipped, by its labels (for a failure)."""
+        prefixes = ("prefill_proxy_warmups_total", SKIPPED)
+        return {
+            f"{sample.name}{sample.labels}": sample.value
+            for metric in self.registry.collect()
+            for sample in metric.samples
+            if sample.name.startswith(prefixes) and sample.value
+        }
+
     async def close(self) -> None:
         await self.warmer.aclose()
         await self.upstream.aclose()
@@ -595,11 +605,12 @@ async def _timed_rounds(direct: Direct, engine: Engine, tag: str, rounds: int) -
     await _until(lambda: direct.sent("tool_calls") == 1)
     for n in range(1, rounds + 1):
         direct.reply(messages, reply, arrived=1000.0 + 3.5 * n, after_tools=True)
-        await _until(
-            lambda n=n: (
-                direct.sent("tool_calls_timed") + direct.sample(SKIPPED, reason="still_cached") == n
-            )
-        )
+        # The round's warm-up settled, then judged: an outcome other than these two fails
+        # here and says which, where waiting for these would only time out.
+        async with asyncio.timeout(10.0):
+            await asyncio.gather(*direct.warmer.running(), return_exceptions=True)
+        settled = direct.sent("tool_calls_timed") + direct.sample(SKIPPED, reason="still_cached")
+        assert settled == n, f"round {n}: {direct.outcomes()}"
 
 
 @pytest.mark.anyio
