@@ -516,22 +516,42 @@ async def measure(args: argparse.Namespace, direct: Target, others: list[Target]
     return rows
 
 
+def cells(rows: list[dict]) -> dict[tuple[str, str, int, str], dict[str, dict]]:
+    """The rows by cell (size, mode, concurrency, metric), then by target."""
+    by_cell: dict[tuple[str, str, int, str], dict[str, dict]] = {}
+    for row in rows:
+        key = (row["size"], row["mode"], row["concurrency"], row["metric"])
+        by_cell.setdefault(key, {})[row["target"]] = row
+    return by_cell
+
+
+def added_ratio(reference: dict, ours: dict) -> float | None:
+    """Our added p50 over the reference's; None where the reference added nothing."""
+    bare = reference["added_p50_ms"]
+    return ours["added_p50_ms"] / bare if bare > 0 else None
+
+
+def memory_bound(env: dict[str, Any]) -> tuple[float, float] | None:
+    """The proxy's idle resident MB and the passthrough's plus the session state, where
+    the run measured all three."""
+    idle, state = env.get("idle_resident_mb") or {}, env.get("session_state_mb")
+    if state is None or "proxy" not in idle or "passthrough" not in idle:
+        return None
+    return idle["proxy"], idle["passthrough"] + state
+
+
 def compared(rows: list[dict], reference: str = "passthrough") -> str:
     """Proxy against ``reference`` (the passthrough, a baseline), cell by cell: added p50
     (over direct), their ratio, throughput and CPU per request."""
-    cells: dict[tuple[str, str, int, str], dict[str, dict]] = {}
-    for row in rows:
-        key = (row["size"], row["mode"], row["concurrency"], row["metric"])
-        cells.setdefault(key, {})[row["target"]] = row
     head = f"| request | mode | c | metric | {reference} added p50 | proxy added p50 | ratio "
     head += f"| ratio by round | req/s {reference} / proxy | CPU/req {reference} / proxy "
     head += f"| page faults/req {reference} / proxy |"
     lines = [head, "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for (size, mode, concurrency, metric), by in cells.items():
+    for (size, mode, concurrency, metric), by in cells(rows).items():
         if reference not in by or "proxy" not in by:
             continue
         bare, ours = by[reference], by["proxy"]
-        ratio = ours["added_p50_ms"] / bare["added_p50_ms"] if bare["added_p50_ms"] > 0 else 0
+        ratio = added_ratio(bare, ours) or 0
         cpu = [r["proxy"].get("cpu_ms_per_request") for r in (bare, ours)]
         cpu_text = " / ".join("-" if c is None else f"{c:.2f} ms" for c in cpu)
         rates = f"{bare['proxy']['req_per_s']:,.0f} / {ours['proxy']['req_per_s']:,.0f}"
@@ -557,12 +577,9 @@ def goals(rows: list[dict], env: dict[str, Any]) -> str:
     within it), as a markdown table; a goal whose cells the run did not measure is left
     out. Figures of one run on a shared machine, to be read across runs: nothing here is
     asserted."""
-    proxy: dict[tuple[str, str, int], dict] = {}
-    bare: dict[tuple[str, str, int], dict] = {}
-    for row in rows:
-        if row["metric"] in JUDGED_METRICS and row["target"] in ("proxy", "passthrough"):
-            by = proxy if row["target"] == "proxy" else bare
-            by[(row["size"], row["mode"], row["concurrency"])] = row
+    judged_cells = {key[:3]: by for key, by in cells(rows).items() if key[3] in JUDGED_METRICS}
+    proxy = {key: by["proxy"] for key, by in judged_cells.items() if "proxy" in by}
+    bare = {key: by["passthrough"] for key, by in judged_cells.items() if "passthrough" in by}
     lines = ["| goal | this run | met |", "|---|---|---|"]
 
     def judged(goal: str, figures: list[tuple[str, float | None]], bound: float, unit: str) -> None:
@@ -574,9 +591,8 @@ def goals(rows: list[dict], env: dict[str, Any]) -> str:
         met = all(v is not None and v <= bound for _, v in figures)
         lines.append(f"| {goal} | {text} | {'yes' if met else 'no'} |")
 
-    def ratio(key: tuple[str, str, int]) -> float | None:  # None: the passthrough added <= 0
-        reference = bare[key]["added_p50_ms"]
-        return proxy[key]["added_p50_ms"] / reference if reference > 0 else None
+    def ratio(key: tuple[str, str, int]) -> float | None:
+        return added_ratio(bare[key], proxy[key])
 
     paired = [key for key in proxy if key in bare]
     judged(
@@ -613,12 +629,10 @@ def goals(rows: list[dict], env: dict[str, Any]) -> str:
         CPU_1M_OVER_64K,
         "x",
     )
-    idle, state = env.get("idle_resident_mb") or {}, env.get("session_state_mb")
-    if state is not None and "proxy" in idle and "passthrough" in idle:
-        memory = idle["proxy"] / (idle["passthrough"] + state)
+    if (memory := memory_bound(env)) is not None:
         judged(
             f"idle resident memory within {MEMORY_RATIO:g}x of the passthrough's + session state",
-            [("", memory)],
+            [("", memory[0] / memory[1])],
             MEMORY_RATIO,
             "x",
         )
@@ -752,12 +766,11 @@ def report(args: argparse.Namespace, env: dict[str, Any], rows: list[dict]) -> N
             print(f"\n{what}: " + ", ".join(f"{k} {v:.0f} MB" for k, v in figures.items()))
     if (state := env.get("session_state_mb")) is not None:
         print(f"\nsession state after this traffic, measured in process: {state:.0f} MB")
-        idle = env.get("idle_resident_mb") or {}
-        if "proxy" in idle and "passthrough" in idle:
-            bound = idle["passthrough"] + state
+        if (memory := memory_bound(env)) is not None:
+            resident, bound = memory
             print(
-                f"proxy idle resident / (passthrough's + session state): {idle['proxy']:.0f} / "
-                f"{bound:.0f} MB = {idle['proxy'] / bound:.2f}x"
+                f"proxy idle resident / (passthrough's + session state): {resident:.0f} / "
+                f"{bound:.0f} MB = {resident / bound:.2f}x"
             )
     if table := goals(rows, env):
         print("\n**goals** (proxy against the passthrough)\n")
