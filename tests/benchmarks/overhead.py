@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import httpx
@@ -33,6 +33,9 @@ import uvloop
 
 from proxy import heap
 from proxy.background import free_port, spawn, wait_ready
+
+if TYPE_CHECKING:
+    from tests.support.fake_upstream import FakeUpstream
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run by its path: tests.support is imported lazily, so the
@@ -399,17 +402,27 @@ def environment() -> dict[str, Any]:
     }
 
 
-def serve_upstream(port: int) -> None:
-    """The fast upstream, on uvloop like the proxy, until interrupted or terminated."""
+def fast_upstream(port: int = 0) -> FakeUpstream:
+    """The benchmark's upstream. A context of 1M tokens, as long-context models serve
+    agents: the biggest sessions measured (1 MB, about 300k tokens) fit, so compaction is
+    planned but never needed. Usage counts the prompt as an engine would
+    (BYTES_PER_TOKEN). A request's stream flags are read off its bytes, not parsed: the
+    parse took 4-5 ms of a 1 MB request, on the cores the proxy and the client share."""
     from tests.support.fake_upstream import FakeUpstream
 
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # before FakeUpstream makes a loop
-    # A context of 1M tokens, as long-context models serve agents: the biggest sessions
-    # measured (1 MB, about 300k tokens) fit, so compaction is planned but never needed.
-    # Usage counts the prompt as an engine would (BYTES_PER_TOKEN).
-    upstream = FakeUpstream(
-        port=port, record=False, max_model_len=1 << 20, bytes_per_token=BYTES_PER_TOKEN
+    return FakeUpstream(
+        port=port,
+        record=False,
+        max_model_len=1 << 20,
+        bytes_per_token=BYTES_PER_TOKEN,
+        scan_flags=True,
     )
+
+
+def serve_upstream(port: int) -> None:
+    """The fast upstream, on uvloop like the proxy, until interrupted or terminated."""
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # before FakeUpstream makes a loop
+    upstream = fast_upstream(port)
     with upstream, contextlib.suppress(KeyboardInterrupt):
         print(upstream.url, flush=True)
         signal.pause()
@@ -702,7 +715,6 @@ def store_mb(args: argparse.Namespace) -> float:
 
     from proxy import config
     from proxy.app import create_app
-    from tests.support.fake_upstream import FakeUpstream
 
     async def replay(upstream: str) -> float:
         settings = config.load({"upstream": upstream}, environ={})
@@ -728,8 +740,7 @@ def store_mb(args: argparse.Namespace) -> float:
                     reply.raise_for_status()
             return (tracemalloc.get_traced_memory()[0] - started) / 1e6
 
-    upstream = FakeUpstream(record=False, max_model_len=1 << 20, bytes_per_token=BYTES_PER_TOKEN)
-    with upstream:
+    with fast_upstream() as upstream:
         tracemalloc.start()
         try:
             return asyncio.run(replay(upstream.url))
