@@ -407,7 +407,7 @@ def fast_upstream(port: int = 0) -> FakeUpstream:
     agents: the biggest sessions measured (1 MB, about 300k tokens) fit, so compaction is
     planned but never needed. Usage counts the prompt as an engine would
     (BYTES_PER_TOKEN). A request's stream flags are read off its bytes, not parsed: the
-    parse took 4-5 ms of a 1 MB request, on the cores the proxy and the client share."""
+    parse took 4-5 ms of CPU a 1 MB request, on the cores the proxy and the client share."""
     from tests.support.fake_upstream import FakeUpstream
 
     return FakeUpstream(

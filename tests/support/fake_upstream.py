@@ -153,9 +153,9 @@ def completion_body(prompt_tokens: int | None = None) -> bytes:
 
 def scanned_flags(body: bytes) -> dict[str, Any]:
     """A request's ``stream`` and ``stream_options.include_usage`` as its bytes hold them:
-    the first of each key that reads as a boolean (a key's quotes inside a JSON string
-    are escaped, so only a real key matches). For bodies whose other keys of those names
-    hold no boolean before them, as the benchmarks' do."""
+    the first key of each name, at any depth, that holds a boolean (quotes inside a JSON
+    string are escaped, so text never reads as a key). Exact for bodies where no nested
+    key of those names holds a boolean before the top-level one, as the benchmarks'."""
 
     def flag(key: bytes) -> bool:
         at = body.find(key)
