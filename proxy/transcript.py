@@ -315,7 +315,22 @@ class Memo:
         digest = entry[1]
         if digest is None:
             digest = entry[1] = normal_digest(message, mask)
+            if entry[0] is None:
+                self._exact_now(message, entry)
         return digest
+
+    @staticmethod
+    def _exact_now(message: Any, entry: list[bytes | None]) -> None:
+        """A message new to the conversation gets its exact digest too, at once: the exact
+        chain of the forwarded messages asks for it later in the request (most new
+        messages are forwarded as they came), and hashed now, while the message and the
+        hashing code are in the CPU's caches, it costs a third (a 1 KB tool result in the
+        overhead benchmark: 16.6 -> 7.6 us). A message it cannot encode is left to the
+        exact chain, which fails open."""
+        try:
+            entry[0] = exact_digest(message)
+        except jsonio.InvalidJSON:
+            pass
 
     def chain(
         self,
