@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy import prefix
+from proxy.compaction.state import Compaction
 from proxy.rewrite import RewriteContext
 from proxy.rewrite.restore import restore_history
 from proxy.sessions import MemoryStore, Session, identify
@@ -165,13 +166,17 @@ def test_memory_store_is_bounded_by_count_and_idle_time() -> None:
 
 def test_the_store_hands_out_copies_and_saves_compare_and_set() -> None:
     store = MemoryStore(max_sessions=10, ttl_s=60)
-    assert run(store.save(Session("s")))
+    assert run(store.save(Session("s", compaction=Compaction())))
     first, second = run(store.get("s")), run(store.get("s"))
     assert first is not None and second is not None and first is not second
     first.substitute(b"k", {"role": "assistant", "content": "a"})
     first.pace.add_gap(2.0, keep=4)
+    assert first.compaction is not None
+    first.compaction.facts.append("the user's name is Ada")
+    first.compaction.elided[b"k"] = ({"role": "tool", "content": "[elided]"}, 3)
     untouched = run(store.get("s"))
     assert untouched is not None and not untouched.substitutions and not untouched.pace.gaps
+    assert untouched.compaction == Compaction()
     assert run(store.save(first)) and first.version == 2
     assert not run(store.save(second))  # loaded before first's save: it would undo it
     current = run(store.get("s"))
