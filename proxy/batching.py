@@ -3,6 +3,7 @@ user's turn takes, observed after every recorded reply."""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,8 +27,10 @@ def steps_in_turn(client_messages: Sequence[Any], known: Known | None = None) ->
     itself rather than from a per-session counter, so a retried step, a lost session or
     several requests of one session in flight can never skew it."""
     users = with_role(client_messages, USER, known, "client users")
-    turn = client_messages[users[-1] + 1 :] if users else client_messages
-    return 1 + len(with_role(turn, ASSISTANT, known, "turn assistants"))
+    # Both scans over the whole list, each carried on from the previous request's: a
+    # slice after the last user message would be a new list (copied, compared, scanned).
+    assistants = with_role(client_messages, ASSISTANT, known, "client assistants")
+    return 1 + len(assistants) - (bisect.bisect_right(assistants, users[-1]) if users else 0)
 
 
 class RoundTrips:

@@ -53,6 +53,7 @@ def test_with_role_on_well_formed_messages(messages: list[Any], roles: frozenset
 
 
 @given(st.lists(message, max_size=30))
+@example([{"role": r} for r in ("user", "assistant", "user", "tool", "assistant", "tool")])
 def test_steps_in_turn_counts_assistants_after_the_last_user(messages: list[Any]) -> None:
     steps = 1
     for item in reversed(messages):
@@ -61,6 +62,10 @@ def test_steps_in_turn_counts_assistants_after_the_last_user(messages: list[Any]
         if role_of(item) == "assistant":
             steps += 1
     assert steps_in_turn(messages) == steps
+    # with the scans of a request it continues (the same objects, fewer of them)
+    known = Known().continued(messages[: len(messages) // 2])
+    steps_in_turn(messages[: len(messages) // 2], known)
+    assert steps_in_turn(messages, known.continued(messages)) == steps
 
 
 values = st.lists(st.integers(0, 3), max_size=12)
