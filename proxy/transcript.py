@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import hashlib
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -64,8 +64,8 @@ def _text(content: Any) -> Any:
 
 def _arguments(arguments: Any) -> Any:
     if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
+        try:  # orjson: a third of the standard library's time in a request (jsonio's limits)
+            return jsonio.loads(arguments)
         except ValueError:
             return arguments.strip()
     return arguments
@@ -327,10 +327,8 @@ class Memo:
         hashing code are in the CPU's caches, it costs a third (a 1 KB tool result in the
         overhead benchmark: 16.6 -> 7.6 us). A message it cannot encode is left to the
         exact chain, which fails open."""
-        try:
+        with contextlib.suppress(jsonio.InvalidJSON):
             entry[0] = exact_digest(message)
-        except jsonio.InvalidJSON:
-            pass
 
     def chain(
         self,
