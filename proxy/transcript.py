@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from proxy.rewrite.restore import Carried
 
 Mask = Callable[[str], str]
-# Parsed messages' content hashes by object: id -> (the object, kept alive, its hash).
-Hashes = dict[int, tuple[Any, int]]
+# Parsed messages' content hashes and digests by object: id -> (the object, kept alive, its
+# content hash, its digests: [exact, key], None where not worked out yet).
+Hashes = dict[int, tuple[Any, int, list[bytes | None]]]
 # A chain worked out over a list of messages: (the list, what it was keyed with, the chain).
 Chain = tuple[Sequence[Any], Any, list[bytes]]
 # A scan of a list of messages for roles: (a copy of the list, the roles, the indices found).
@@ -290,15 +291,19 @@ class Memo:
         self._messages = 0  # the longest list chained
 
     def _entry(self, message: Any) -> list[bytes | None]:
+        """The digests of ``message``: those of that very object where the request knows
+        it (its digests are its value's, whichever conversation worked them out: the
+        first request of a conversation that shares a kept body's history, proxy.bodies,
+        hashes none of it again), else those of its content in this conversation."""
         known = self._by_id.get(id(message))
         if known is not None and known[0] is message:
-            content = known[1]
-        else:
-            content = _content_hash(message)
-            self._by_id[id(message)] = (message, content)
+            self._seen.setdefault(known[1], known[2])
+            return known[2]
+        content = _content_hash(message)
         entry = self._seen.get(content)
         if entry is None:
             entry = self._seen[content] = list(self._previous.get(content) or (None, None))
+        self._by_id[id(message)] = (message, content, entry)
         return entry
 
     def exact(self, message: Any) -> bytes:

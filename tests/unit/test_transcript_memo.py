@@ -149,6 +149,31 @@ def test_two_requests_continuing_one_step_both_take_its_links() -> None:
     assert worked_out == []
 
 
+def test_a_conversation_that_shares_a_kept_body_takes_its_digests_with_its_objects() -> None:
+    """A new conversation whose first request shares a kept body's messages as the very
+    objects (proxy.bodies: another first user message, the same history after it) takes
+    their digests with them, though its own memo is empty and every link after its first
+    message is new. Shown by changing a message in place after the first conversation
+    hashed it (which the proxy never does to a parsed message): the second conversation's
+    keys are those of the message as it was, fresh keys are not."""
+    history = [{"role": "user", "content": "task 1"}]
+    history += [{"role": "tool", "content": f"result {n} " * 200} for n in range(6)]
+    known = Known()
+    first = Memo(None, known)
+    chain_keys(history, MASK, first)
+    exact_chain(history, first)
+    as_it_was = copy.deepcopy(history)
+    forked = [{"role": "user", "content": "task 2"}, *history[1:]]
+    as_it_was[0] = forked[0]
+    history[3]["content"] = "changed in place"
+    other = Memo(None, known.continued(forked))
+    assert chain_keys(forked, MASK, other) == chain_keys(as_it_was, MASK)
+    assert exact_chain(forked, other) == exact_chain(as_it_was)
+    assert chain_keys(forked, MASK) != chain_keys(as_it_was, MASK)
+    # the objects it did not share are hashed as they are
+    assert chain_keys(forked, MASK, Memo(None, Known())) == chain_keys(forked, MASK)
+
+
 def test_hashes_of_objects_a_conversation_no_longer_holds_are_dropped() -> None:
     # Every step replaces its system prompt (a rewritten copy, a moved clock) and appends a
     # message: the replaced prompts' hashes (and so the prompts) are not kept for ever.
