@@ -218,10 +218,14 @@ class Known:
         scanned in last (by this request or the one it continues), where ``messages``
         starts with that list: a step of a long session scans its new messages, not the
         history (3,400 messages: 174 us a scan, five scans a request)."""
-        before, before_roles, found = self.scans.get(name, ([], frozenset(), ()))
-        count = len(before)
-        if roles == before_roles and starts_with(messages, before):
-            found = (*found, *(count + index for index in with_role(messages[count:], roles)))
+        scan = self.scans.get(name)
+        if scan is not None and scan[1] == roles and starts_with(messages, scan[0]):
+            before, _, found = scan
+            count = len(before)
+            if len(messages) == count:
+                return found  # the list scanned last again (another pass of this request)
+            if new := with_role(messages[count:], roles):  # most steps add none of a role
+                found = (*found, *[count + index for index in new])
         else:
             found = tuple(with_role(messages, roles))
         self.scans[name] = (list(messages), roles, found)
