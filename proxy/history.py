@@ -4,7 +4,8 @@ the system prompt. Pure functions over messages and the session record; no I/O."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from proxy.rewrite.learned import SOURCE_ROLES
@@ -14,11 +15,13 @@ from proxy.transcript import Memo, chain_keys, next_key
 Mask = Callable[[str], str]
 
 
-def head_key(messages: Sequence[Any], mask: Mask) -> bytes | None:
+def head_key(messages: Iterable[Any], mask: Mask) -> bytes | None:
     """The chain key of the first two messages after the system prompt (the first
-    exchange), None if there are fewer."""
-    body = [m for m in messages if not isinstance(m, dict) or m.get("role") not in SOURCE_ROLES]
-    return chain_keys(body[:2], mask)[-1] if len(body) >= 2 else None
+    exchange), None if there are fewer. Read up to those two, not through the history
+    (a new session's first request may bring thousands)."""
+    body = (m for m in messages if not isinstance(m, dict) or m.get("role") not in SOURCE_ROLES)
+    first = list(itertools.islice(body, 2))
+    return chain_keys(first, mask)[-1] if len(first) == 2 else None
 
 
 def leading_system(messages: Sequence[Any]) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -402,7 +403,7 @@ class SessionTracker:
         lead = leading_system(turn.client_messages)
         session.system_key = turn.keys[lead - 1] if lead else b""
         if not session.head:
-            exchanged = [*turn.client_messages, exchange.reply]
+            exchanged = itertools.chain(turn.client_messages, (exchange.reply,))
             session.head = head_key(exchanged, self.detector.key) or b""
 
     @staticmethod

@@ -8,6 +8,7 @@ import itertools
 import operator
 import platform
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from hypothesis import example, given, settings
@@ -15,11 +16,13 @@ from hypothesis import strategies as st
 
 from proxy import scans
 from proxy.batching import steps_in_turn
+from proxy.history import head_key
 from proxy.rewrite import volatile
-from proxy.rewrite.volatile import _all_in
+from proxy.rewrite.learned import SOURCE_ROLES
+from proxy.rewrite.volatile import DEFAULT_DETECTOR, _all_in
 from proxy.scans import replaced, with_role
 from proxy.sessions import Session
-from proxy.transcript import Known, exact_chain, matched_messages
+from proxy.transcript import Known, chain_keys, exact_chain, matched_messages
 from proxy.turn import Turn
 
 ROLES = ["system", "developer", "user", "assistant", "tool", "other"]
@@ -246,3 +249,27 @@ def test_a_turn_says_whether_more_than_some_messages_were_replaced(
     if listed_first:
         turn.replaced_in(rewritten)
     assert turn.replaced_more_than(rewritten, count) == (sum(replaced_at) > count)
+
+
+well_formed = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(ROLES), "content": st.text(max_size=3)}),
+    st.text(max_size=3),  # not an object: never the system prompt
+)
+
+
+@given(st.lists(well_formed, max_size=12))
+@example([{"role": "system"}, {"role": "user"}, {"role": "developer"}, {"role": "assistant"}])
+def test_head_key_is_the_key_of_the_first_two_messages_after_the_system_prompt(
+    messages: list[Any],
+) -> None:
+    mask = DEFAULT_DETECTOR.key
+    body = [m for m in messages if not isinstance(m, dict) or m.get("role") not in SOURCE_ROLES]
+    expected = chain_keys(body[:2], mask)[-1] if len(body) >= 2 else None
+    assert head_key(messages, mask) == expected
+
+    def history_that_must_not_be_read_past_the_first_exchange() -> Iterator[Any]:
+        yield from messages
+        raise AssertionError("read past the first exchange")
+
+    if expected is not None:  # a new session's first request may bring thousands
+        assert head_key(history_that_must_not_be_read_past_the_first_exchange(), mask) == expected
