@@ -175,7 +175,7 @@ def _content_hash(message: Any) -> int:
 class Known:
     """What a request worked out of its parsed messages, carried with its body
     (proxy.bodies) to the request that continues it, whose leading messages are the same
-    objects: their content hashes, the chains over the request's lists (``before``: those
+    objects: their content hashes and digests, the chains over the request's lists (``before``: those
     of the request it continues; ``chains``: its own, for the next one), objects made
     from parsed ones (``converted``: the chat messages of Responses items, by the id of
     what they were made from, kept with it), the latest scan of each list the request's
@@ -333,8 +333,8 @@ class Memo:
         """A message new to the conversation gets its exact digest too, at once: the exact
         chain of the forwarded messages asks for it later in the request (most new
         messages are forwarded as they came), and hashed now, while the message and the
-        hashing code are in the CPU's caches, it costs a third (a 1 KB tool result in the
-        overhead benchmark: 16.6 -> 7.6 us). A message it cannot encode is left to the
+        hashing code are in the CPU's caches, it costs under half (a 1 KB tool result in
+        the overhead benchmark: 16.6 -> 7.6 us). A message it cannot encode is left to the
         exact chain, which fails open."""
         with contextlib.suppress(jsonio.InvalidJSON):
             entry[0] = exact_digest(message)
