@@ -175,16 +175,16 @@ def _content_hash(message: Any) -> int:
 class Known:
     """What a request worked out of its parsed messages, carried with its body
     (proxy.bodies) to the request that continues it, whose leading messages are the same
-    objects: their content hashes and digests, the chains over the request's lists (``before``: those
-    of the request it continues; ``chains``: its own, for the next one), objects made
-    from parsed ones (``converted``: the chat messages of Responses items, by the id of
-    what they were made from, kept with it), the latest scan of each list the request's
-    passes look through for roles (``scans``, by the name its pass gives it), history
-    restoration's result for the next request (``restore_next``), and the array of
-    messages it forwarded, where that is kept (``encoded``, proxy.encoded). ``lead``:
-    (this request's parsed array, the one it continues, how many leading elements of the
-    first are the second's very objects), where the body cache knows it: a chain over that
-    array does not check those one by one."""
+    objects: their content hashes and digests, the chains over the request's lists
+    (``before``: those of the request it continues; ``chains``: its own, for the next
+    one), objects made from parsed ones (``converted``: the chat messages of Responses
+    items, by the id of what they were made from, kept with it), the latest scan of each
+    list the request's passes look through for roles (``scans``, by the name its pass
+    gives it), history restoration's result for the next request (``restore_next``), and
+    the array of messages it forwarded, where that is kept (``encoded``, proxy.encoded).
+    ``lead``: (this request's parsed array, the one it continues, how many leading
+    elements of the first are the second's very objects), where the body cache knows it:
+    a chain over that array does not check those one by one."""
 
     __slots__ = (
         "before",
