@@ -11,7 +11,10 @@ Per connection, one response at a time: its head (a future), then its body chunk
 arrive (paused reading past BUFFERED bytes not yet taken). A request's body may also go in
 chunks (``Pool.begin``): its first part on the wire while the proxy still builds the rest.
 The read timeout is one timer per connection, moved on lazily: data arriving costs a float
-assignment, not a timer.
+assignment, not a timer, and a response read to its end leaves it pending for the next
+request on the connection (one timer per read timeout, not two heap operations per
+request). The same timer bounds the wait for a response's head by the caller's deadline
+(``head_by``), so a request needs no timer of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import math
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
@@ -42,6 +46,10 @@ class ConnectError(OSError):
 
 class ReadTimeout(TimeoutError):
     """No bytes from the engine for the read timeout."""
+
+
+class HeadTimeout(TimeoutError):
+    """No whole response head from the engine by the request's deadline."""
 
 
 class ProtocolError(Exception):
@@ -109,6 +117,7 @@ class Connection(asyncio.Protocol):
         self._until_close = False  # a body that ends when the connection does
         self._paused = False
         self._last_data = 0.0
+        self._head_by = math.inf
         self._timer: asyncio.TimerHandle | None = None
 
     # -- asyncio ---------------------------------------------------------------------
@@ -182,13 +191,15 @@ class Connection(asyncio.Protocol):
         self._complete = True
         # llhttp knows it only until it resets for the next message.
         self._keep_alive = self._parser.should_keep_alive()
-        self._stop_timer()
-        self._wake()
+        self._wake()  # the timer stays: it finds the response complete, or the next one
 
     # -- the exchange ----------------------------------------------------------------
 
-    def send(self, head: bytes, body: Body | None, *, head_only: bool) -> None:
-        """Write a request; its response starts being read."""
+    def send(
+        self, head: bytes, body: Body | None, *, head_only: bool, head_by: float = math.inf
+    ) -> None:
+        """Write a request; its response starts being read, its head due by ``head_by``
+        (in the loop's clock) or HeadTimeout."""
         assert self.transport is not None
         if self.closed or self.transport.is_closing():
             raise _Stale("the kept-alive connection is closing")
@@ -198,7 +209,8 @@ class Connection(asyncio.Protocol):
         self._keep_alive = False
         self._head_only, self._until_close = head_only, False
         self._last_data = self._loop.time()
-        self._arm(self._last_data + self._read_timeout)
+        self._head_by = head_by
+        self._arm(min(self._last_data + self._read_timeout, head_by))
         if isinstance(body, Pieces):  # one writev: the pieces are not joined first
             self.transport.writelines([head, *body.parts])
         elif body:
@@ -262,8 +274,12 @@ class Connection(asyncio.Protocol):
             self._waiter.set_result(None)
 
     def _arm(self, when: float) -> None:
-        if self._timer is None:
-            self._timer = self._loop.call_at(when, self._check_timeout)
+        """The timer due at ``when`` at the latest (one pending earlier is left)."""
+        if self._timer is not None:
+            if self._timer.when() <= when:
+                return
+            self._timer.cancel()
+        self._timer = self._loop.call_at(when, self._check_timeout)
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
@@ -273,12 +289,18 @@ class Connection(asyncio.Protocol):
     def _check_timeout(self) -> None:
         self._timer = None
         if self._complete or self.closed:
+            return  # idle, or a response read to its end: the next request arms it again
+        now = self._loop.time()
+        heading = self._head is not None and not self._head.done()
+        if heading and now >= self._head_by:
+            error: TimeoutError = HeadTimeout("no response head from the engine by the deadline")
+        elif now >= self._last_data + self._read_timeout:
+            error = ReadTimeout(f"no bytes from the engine for {self._read_timeout:g} s")
+        else:  # bytes came meanwhile: wait from the last of them
+            due = self._last_data + self._read_timeout
+            self._arm(min(due, self._head_by) if heading else due)
             return
-        due = self._last_data + self._read_timeout
-        if self._loop.time() < due:
-            self._arm(due)  # bytes came meanwhile: wait from the last of them
-            return
-        self._fail(ReadTimeout(f"no bytes from the engine for {self._read_timeout:g} s"))
+        self._fail(error)
         self.close()
 
 
@@ -304,15 +326,21 @@ class Pool:
         self._tls: ssl.SSLContext | None = None
 
     async def request(
-        self, method: str, target: Target, headers: RawHeaders, body: Body | None
+        self,
+        method: str,
+        target: Target,
+        headers: RawHeaders,
+        body: Body | None,
+        deadline: float = math.inf,
     ) -> Response:
-        """Send a request; return once its response head is in. Raises ConnectError,
-        ReadTimeout, ProtocolError."""
+        """Send a request; return once its response head is in, by ``deadline`` (in the
+        loop's clock). Raises ConnectError, TimeoutError (ReadTimeout, HeadTimeout),
+        ProtocolError."""
         head = _request_head(method, target, headers, body)
         for attempt in (1, 2):
-            connection = await self._acquire(target.origin)
+            connection = await self._acquire(target.origin, deadline)
             try:
-                connection.send(head, body, head_only=method == "HEAD")
+                connection.send(head, body, head_only=method == "HEAD", head_by=deadline)
                 status, response_headers = await connection.head()
             except _Stale:
                 self._discard(connection)
@@ -325,29 +353,39 @@ class Pool:
             return Response(status, response_headers, connection, self)
         raise AssertionError("unreachable")
 
-    def begin(self, method: str, target: Target, headers: RawHeaders, first: Body) -> Upload | None:
+    def begin(
+        self,
+        method: str,
+        target: Target,
+        headers: RawHeaders,
+        first: Body,
+        deadline: float = math.inf,
+    ) -> Upload | None:
         """Start a request whose body goes in chunks (Transfer-Encoding: chunked), ``first``
         written now, on a kept-alive connection to the target's engine; None where none is
-        idle (not worth a wait or a connect: the request then goes as usual)."""
+        idle (not worth a wait or a connect: the request then goes as usual). Its response
+        head is due by ``deadline``."""
         connection = self._kept(target.origin, asyncio.get_running_loop().time())
         if connection is None:
             return None
         head = _request_head(method, target, headers, None, chunked=True)
         try:
-            connection.send(head, Pieces(_chunk(first)), head_only=False)
+            connection.send(head, Pieces(_chunk(first)), head_only=False, head_by=deadline)
         except _Stale:
             self._discard(connection)
             return None
         return Upload(connection, self)
 
-    async def _acquire(self, origin: Origin) -> Connection:
+    async def _acquire(self, origin: Origin, deadline: float) -> Connection:
         """A kept-alive connection to ``origin``, else a new one once there is room (an
-        idle one to another engine closed for it, or one freed): within connect_timeout."""
+        idle one to another engine closed for it, or one freed): within connect_timeout,
+        and by ``deadline``."""
         loop = asyncio.get_running_loop()
-        connection = self._kept(origin, loop.time())
+        now = loop.time()
+        connection = self._kept(origin, now)
         if connection is not None:
             return connection
-        async with asyncio.timeout(self._connect_timeout):
+        async with asyncio.timeout_at(min(now + self._connect_timeout, deadline)):
             while self._open >= self._limit and not self._close_an_idle():
                 waiter = loop.create_future()
                 self._freed.append(waiter)

@@ -151,3 +151,20 @@ def test_off_by_default_and_below_the_threshold(start_proxy, settings) -> None:
     sent, proxy = drive(start_proxy, CHAT, bodies, {}, **settings)
     assert all(request.header("transfer-encoding") is None for request in sent)
     assert early(proxy, "used") == early(proxy, "discarded") == 0
+
+
+def test_a_request_that_went_early_is_bounded_by_the_total_timeout(start_proxy) -> None:
+    """Its connection's timer holds the deadline: an engine that never answers gets a 504
+    from the 0.3 s total timeout, not from the 30 s read one (the client waits 10 s)."""
+    bodies = chat_bodies(False, {})[:3]
+    with FakeUpstream(max_model_len=1 << 20) as upstream:
+        proxy = start_proxy(
+            upstream.url, early_upload_bytes=EARLY, total_timeout=0.3, read_timeout=30
+        )
+        with httpx.Client(base_url=proxy.url, timeout=10) as client:
+            for body in bodies[:2]:
+                assert client.post(CHAT, content=body).status_code == 200
+            stalled = client.post(CHAT, content=bodies[2], headers={"x-fault": "stall-headers"})
+    assert stalled.status_code == 504, stalled.text
+    assert stalled.json()["error"]["code"] == "upstream_timeout"
+    assert early(proxy, "used") == 1

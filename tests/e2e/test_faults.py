@@ -138,6 +138,16 @@ def test_stalled_headers_hit_the_read_timeout_as_504(fake_upstream, start_proxy)
     assert proxy.sample("prefill_proxy_upstream_errors_total", kind="timeout") == 1
 
 
+def test_total_timeout_bounds_the_wait_for_headers(fake_upstream, start_proxy) -> None:
+    """A read timeout of 30 s, a total one of 0.3 s: the 504 comes from the total one (the
+    client gives up after 10 s)."""
+    proxy = start_proxy(fake_upstream.url, total_timeout=0.3, read_timeout=30)
+    with httpx.Client(base_url=proxy.url, timeout=10) as client:
+        response = client.post(CHAT, json=STREAM_REQUEST, headers={"x-fault": "stall-headers"})
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "upstream_timeout"
+
+
 def test_total_timeout_bounds_a_stream(fake_upstream, start_proxy) -> None:
     proxy = start_proxy(fake_upstream.url, total_timeout=0.3, read_timeout=30)
     with httpx.Client(base_url=proxy.url, timeout=10) as client:

@@ -216,6 +216,76 @@ async def test_the_read_timeout_counts_from_the_last_bytes() -> None:
     connections.close()
 
 
+def first_then_silent(server_of: list[Server]) -> Handler:
+    """Answer the first request on a connection; then read the next and never answer."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, server_of[0])
+        writer.write(OK)
+        await read_request(reader, server_of[0])
+        await reader.read()  # silent until the client gives up
+
+    return handle
+
+
+@pytest.mark.anyio
+async def test_the_read_timeout_still_fires_on_a_connection_idle_past_it() -> None:
+    """The timer a response leaves pending fires while the connection is idle; the next
+    request on the connection must have one of its own."""
+    server_of: list[Server] = []
+    connections = pool(read=0.2)
+    async with serving(first_then_silent(server_of)) as server:
+        server_of.append(server)
+        assert await fetch(connections, server.url) == (200, b"{}")
+        await asyncio.sleep(0.4)  # idle past the read timeout: the pending timer fires
+        async with asyncio.timeout(3):  # no timer at all: this bound trips instead
+            with pytest.raises(http1.ReadTimeout):
+                await fetch(connections, server.url)
+    assert server.connections == 1
+    connections.close()
+
+
+@pytest.mark.anyio
+async def test_a_deadline_nearer_than_the_read_timeout_brings_the_timer_forward() -> None:
+    """A connection reused with its 30 s read timer pending: a request due in 0.2 s gets
+    HeadTimeout then, not half a minute later."""
+    server_of: list[Server] = []
+    connections = pool(read=30)
+    async with serving(first_then_silent(server_of)) as server:
+        server_of.append(server)
+        assert await fetch(connections, server.url) == (200, b"{}")
+        target = http1.Target.parse(server.url + "/v1/chat/completions")
+        due = asyncio.get_running_loop().time() + 0.2
+        async with asyncio.timeout(3):  # the 30 s timer only: this bound trips instead
+            with pytest.raises(http1.HeadTimeout):
+                await connections.request("POST", target, [], b"{}", due)
+    assert server.connections == 1
+    connections.close()
+
+
+@pytest.mark.anyio
+async def test_a_head_trickled_under_the_read_timeout_still_ends_at_the_deadline() -> None:
+    """A byte of the head every 0.05 s never lets a 0.3 s read timeout fire; the deadline
+    ends the wait for the rest."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader, server)
+        for byte in OK[:60]:  # 3 s of head; the deadline comes first
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(OK[60:])
+        await reader.read()
+
+    connections = pool(read=0.3)
+    async with serving(handle) as server:
+        target = http1.Target.parse(server.url + "/v1/chat/completions")
+        due = asyncio.get_running_loop().time() + 0.6
+        with pytest.raises(http1.HeadTimeout):
+            await connections.request("POST", target, [], b"{}", due)
+    connections.close()
+
+
 @pytest.mark.anyio
 async def test_the_pool_limit_waits_for_a_connection_within_the_connect_timeout() -> None:
     connections = pool(limit=1, connect=0.3)
