@@ -34,6 +34,7 @@ REFUSED = http1.ConnectError("engine:8000: [Errno 111] Connection refused")
         (REFUSED, errors.UpstreamError, 502),
         (http1.ProtocolError("connection closed mid-response"), errors.UpstreamProtocolError, 502),
         (http1.ReadTimeout("no bytes"), errors.UpstreamTimeout, 504),
+        (http1.HeadTimeout("no head by the deadline"), errors.UpstreamTimeout, 504),
         (ConnectionResetError(104, "reset"), errors.UpstreamProtocolError, 502),
         # A transport that maps any connection error to ConnectTimeout: the cause counts.
         (wrapped(httpx.ConnectTimeout, REFUSED), errors.UpstreamError, 502),
