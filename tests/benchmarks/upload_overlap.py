@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 
@@ -54,7 +55,7 @@ def _overlapped(tail: int, min_bytes: int) -> None:
         pool = engines._connections()
         target = engines._target(engines.base_url, self.down.target)
         sent = headers.upstream_request(self.down.raw_headers, parsed_body=True)
-        connection = await pool._acquire(target.origin)
+        connection = await pool._acquire(target.origin, math.inf)
         head = http1._request_head("POST", target, sent, body)  # the whole body's length
         connection.send(head, Pieces([memoryview(body)[:-tail]]), head_only=False)
         # The proxy's own work, as in ChatCall.handle; its encode is not sent.
@@ -76,7 +77,7 @@ def _overlapped(tail: int, min_bytes: int) -> None:
         status, response_headers = await connection.head()
         response = http1.Response(status, response_headers, connection, pool)
         self.response = upstream.UpstreamResponse(
-            status, response.headers, response.chunks(), response.aclose, None, engines
+            status, response.headers, response.chunks(), response.aclose, math.inf, engines
         )
         exchange.status = status
         await self.reply_whole()
