@@ -15,6 +15,7 @@ from tests.support.servers import serve
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+SILENT = b""  # a reply to ``answering``: the request read, never answered
 
 
 class Server:
@@ -216,26 +217,12 @@ async def test_the_read_timeout_counts_from_the_last_bytes() -> None:
     connections.close()
 
 
-def first_then_silent(server_of: list[Server]) -> Handler:
-    """Answer the first request on a connection; then read the next and never answer."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader, server_of[0])
-        writer.write(OK)
-        await read_request(reader, server_of[0])
-        await reader.read()  # silent until the client gives up
-
-    return handle
-
-
 @pytest.mark.anyio
 async def test_the_read_timeout_still_fires_on_a_connection_idle_past_it() -> None:
     """The timer a response leaves pending fires while the connection is idle; the next
     request on the connection must have one of its own."""
-    server_of: list[Server] = []
     connections = pool(read=0.2)
-    async with serving(first_then_silent(server_of)) as server:
-        server_of.append(server)
+    async with answering_server(OK, SILENT) as server:
         assert await fetch(connections, server.url) == (200, b"{}")
         await asyncio.sleep(0.4)  # idle past the read timeout: the pending timer fires
         async with asyncio.timeout(3):  # no timer at all: this bound trips instead
@@ -249,10 +236,8 @@ async def test_the_read_timeout_still_fires_on_a_connection_idle_past_it() -> No
 async def test_a_deadline_nearer_than_the_read_timeout_brings_the_timer_forward() -> None:
     """A connection reused with its 30 s read timer pending: a request due in 0.2 s gets
     HeadTimeout then, not half a minute later."""
-    server_of: list[Server] = []
     connections = pool(read=30)
-    async with serving(first_then_silent(server_of)) as server:
-        server_of.append(server)
+    async with answering_server(OK, SILENT) as server:
         assert await fetch(connections, server.url) == (200, b"{}")
         target = http1.Target.parse(server.url + "/v1/chat/completions")
         due = asyncio.get_running_loop().time() + 0.2
