@@ -33,7 +33,7 @@ class Upstream:
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = settings.upstream_base
         self._settings = settings
-        self._total_timeout = settings.total_timeout or None
+        self._total_timeout = settings.total_timeout or math.inf
         self.read_timeout = settings.read_timeout
         # The proxy's own requests without a client's credentials (/v1/models, /metrics)
         # carry the upstream's key, if it has one.
@@ -88,24 +88,22 @@ class Upstream:
         # the engine's keep-alive makes that race rare).
         try:
             if self._transport is not None:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(deadline if deadline < math.inf else None):
                     return await self._send_httpx(method, target, headers, body, deadline)
             # The pool holds the deadline itself, on timers it has anyway (a timeout_at
             # here was 1% of the CPU of a 64 KB step at c=64).
             pool = self._connections()
-            due = math.inf if deadline is None else deadline
-            response = await pool.request(method, target, headers, body, due)
+            response = await pool.request(method, target, headers, body, deadline)
         except _FAILURES as exc:
             raise self._translate(exc) from exc
         return self._response(response, deadline)
 
-    def _deadline(self) -> float | None:
-        """When an exchange starting now must end, in the event loop's clock."""
-        if self._total_timeout is None:
-            return None
+    def _deadline(self) -> float:
+        """When an exchange starting now must end, in the event loop's clock (infinity:
+        no total timeout)."""
         return asyncio.get_running_loop().time() + self._total_timeout
 
-    def _response(self, response: http1.Response, deadline: float | None) -> UpstreamResponse:
+    def _response(self, response: http1.Response, deadline: float) -> UpstreamResponse:
         return UpstreamResponse(
             response.status, response.headers, response.chunks(), response.aclose, deadline, self
         )
@@ -127,8 +125,7 @@ class Upstream:
             return None
         deadline = self._deadline()
         target = self._target(base or self.base_url, path)
-        due = math.inf if deadline is None else deadline
-        upload = self._connections().begin(method, target, headers, lead.rebuilt(source), due)
+        upload = self._connections().begin(method, target, headers, lead.rebuilt(source), deadline)
         if upload is None:
             return None
         return Early(upload, base, list(headers), source, lead, deadline)
@@ -147,7 +144,7 @@ class Upstream:
         target: http1.Target,
         headers: RawHeaders,
         body: Body | None,
-        deadline: float | None,
+        deadline: float,
     ) -> UpstreamResponse:
         origin = target.origin
         url = f"{origin.scheme}://{origin.authority.decode()}{target.path.decode('latin-1')}"
@@ -230,7 +227,7 @@ class Early:
     headers: list[tuple[bytes, bytes]]
     source: bytes  # the client's body, which ``lead`` was built from
     lead: Lead
-    deadline: float | None
+    deadline: float
 
 
 class UpstreamResponse:
@@ -242,7 +239,7 @@ class UpstreamResponse:
         headers: RawHeaders,
         chunks: AsyncIterator[bytes],
         close: Callable[[], Awaitable[None]],
-        deadline: float | None,
+        deadline: float,
         upstream: Upstream,
     ):
         self.status = status
@@ -261,7 +258,7 @@ class UpstreamResponse:
         chunks = self._chunks.__aiter__()
         clock = asyncio.get_running_loop().time
         deadline = self._deadline
-        untimed_until = math.inf if deadline is None else deadline - self._upstream.read_timeout
+        untimed_until = deadline - self._upstream.read_timeout  # infinity: no total timeout
         while True:
             try:
                 if clock() < untimed_until:
