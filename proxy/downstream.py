@@ -10,6 +10,7 @@ relaying), so one ``try/finally`` there always finishes the exchange.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,6 +18,10 @@ from proxy.errors import BodyTooLarge
 
 Scope = Mapping[str, Any]
 RawHeaders = Sequence[tuple[bytes, bytes]]
+
+# A server extension in the scope: ``scope[CLIENT_GONE](callback)`` has the server call
+# ``callback`` if the connection is lost before the response is complete (proxy.server).
+CLIENT_GONE = "prefill_proxy.client_gone"
 
 
 class ClientGone(Exception):
@@ -33,6 +38,7 @@ class Downstream:
         self.gone = False  # the client left before the whole response went out
         self.started = False  # the response head went out
         self._done = False  # the whole response went out
+        self._watching = False  # the client leaving cancels the exchange (``watch``)
         self._watcher: asyncio.Task[None] | None = None
         self._headers: dict[str, str] | None = None
 
@@ -86,15 +92,25 @@ class Downstream:
     def watch(self) -> None:
         """From now on, the client leaving cancels the task that called this (the
         exchange's): awaiting the upstream, or relaying, stops at once, and closing the
-        upstream connection then makes vLLM abort. Call after the body was read."""
+        upstream connection then makes vLLM abort. Call after the body was read. The
+        proxy's server says so itself (proxy.server.CLIENT_GONE); under another, a task
+        waits on ``receive()`` for the disconnect."""
         task = asyncio.current_task()
         assert task is not None
+        self._watching = True
+        client_gone = self.scope.get(CLIENT_GONE)
+        if client_gone is not None:
+            client_gone(functools.partial(self._client_gone, task))
+            return
         self._watcher = asyncio.get_running_loop().create_task(self._wait_for_disconnect(task))
 
     async def _wait_for_disconnect(self, task: asyncio.Task[Any]) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
-        if not self._done:
+        self._client_gone(task)
+
+    def _client_gone(self, task: asyncio.Task[Any]) -> None:
+        if self._watching and not self._done:
             self.gone = True
             task.cancel()
 
@@ -127,6 +143,7 @@ class Downstream:
         """Stop watching for the client leaving. After a whole response there is nothing
         to do: the server ends the watcher's wait itself (``receive`` answers
         ``http.disconnect`` once the response is complete), cheaper than a cancellation."""
+        self._watching = False
         watcher, self._watcher = self._watcher, None
         if watcher is not None and not self._done:
             watcher.cancel()

@@ -9,6 +9,11 @@ the edge needs, enforced before the app sees a request.
   then the connection is closed (a request that never finishes holds no socket forever).
 - At most ``max_client_connections`` at once: one more gets a 503 and is closed.
 
+A request's scope carries ``CLIENT_GONE``: the app hands it a callback, called if the
+connection is lost before the response is complete. Without it, an app that must stop when
+its client leaves keeps a task waiting on ``receive()`` for the disconnect: a task, an
+event and two wake-ups on every request, about 15 us of the 64 KB step at c=64.
+
 A body whose declared length is within ``max_body_bytes`` (every route reads its body
 whole, up to that) is gathered here and handed to the app as one message when it is all
 in: uvicorn's own way pauses reading at every 64 KB and wakes the app for each piece,
@@ -26,13 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy import jsonio
 from proxy.config import Settings
+from proxy.downstream import CLIENT_GONE
 from proxy.errors import error_body
+
+log = logging.getLogger("prefill_proxy.server")
 
 _REASONS = {
     408: b"Request Timeout",
@@ -91,6 +101,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._refused = False
         self._lingering = False  # refused: read and dropped until the deadline, then closed
         self._parts: list[bytes] | None = None  # a body gathered whole, as it arrives
+        # Called if the connection goes before the running response is complete (one
+        # request's app runs at a time: uvicorn starts a pipelined one after it).
+        self._on_gone: list[Callable[[], None]] = []
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -107,6 +120,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline = None
         super().connection_lost(exc)
+        callbacks, self._on_gone = self._on_gone, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # one app's bookkeeping must not break the server's
+                log.exception("client-gone callback failed")
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -132,6 +151,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             raise _Refused
         self._due(self.limits.body_timeout, "the request body did not arrive in time")
         super().on_headers_complete()
+        # The app's task starts on the loop's next turn, and sees the scope as it is then.
+        self.scope[CLIENT_GONE] = self._on_gone.append  # type: ignore[literal-required]
         length = _content_length(self.headers)
         whole = 0 < length <= self.limits.max_body_bytes and not self.parser.should_upgrade()
         self._parts = [] if whole else None
@@ -153,6 +174,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        self._on_gone.clear()
         super().on_response_complete()
         if not self.transport.is_closing():  # keep-alive: the next head is counted anew
             self._head_bytes = 0

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy import config
 from proxy.app import create_app
+from proxy.server import Limits, protocol
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.proxies import RunningProxy
 from tests.support.servers import serve
@@ -46,12 +47,19 @@ class LoopSpy:
         return asyncio.run_coroutine_threadsafe(names(), self.loop).result(5)
 
 
-@pytest.fixture
-def proxy(fake_upstream: FakeUpstream) -> Iterator[tuple[RunningProxy, LoopSpy]]:
+# The proxy's own server tells the app its client left (proxy.server.CLIENT_GONE); under
+# uvicorn's, the app waits for the disconnect on receive() in a task of its own.
+@pytest.fixture(params=["proxy server", "uvicorn server"])
+def proxy(
+    request: pytest.FixtureRequest, fake_upstream: FakeUpstream
+) -> Iterator[tuple[RunningProxy, LoopSpy]]:
     registry = CollectorRegistry()
     settings = config.load({"upstream": fake_upstream.url}, environ={})
     spy = LoopSpy(create_app(settings, registry=registry))
-    with serve(spy) as url:
+    http: Any = "httptools"
+    if request.param == "proxy server":
+        http = protocol(Limits.from_settings(settings))
+    with serve(spy, http=http) as url:
         yield RunningProxy(url, registry), spy
 
 
@@ -108,13 +116,18 @@ def test_gone_while_sending_the_body(proxy, fake_upstream: FakeUpstream) -> None
     )
 
 
-def test_gone_before_the_response_headers(proxy, fake_upstream: FakeUpstream) -> None:
+def test_gone_before_the_response_headers(
+    request: pytest.FixtureRequest, proxy, fake_upstream: FakeUpstream
+) -> None:
     running, spy = proxy
     idle = baseline(running, spy)
     body = chat_body(False)
     with connect(running.url) as sock:
         sock.sendall(head(len(body), **{"x-fault": "stall-headers"}) + body)
         wait(lambda: len(fake_upstream.received) == 2)  # the upstream has the request
+        # A task waits for the client to leave only where the server does not say so.
+        watching = "Downstream._wait_for_disconnect" in spy.tasks()
+        assert watching == (request.node.callspec.params["proxy"] == "uvicorn server")
     assert fake_upstream.peer_closed.wait(5), "the upstream request was not closed"
     assert_finished(running, spy, idle)
 
