@@ -114,6 +114,7 @@ class ChatCall(Call):
         self.kept: Kept | None = None  # the body as the body cache keeps it
         self.body = b""  # as the client sent it
         self.content: Body | None = None  # as it went to the engine
+        self._credentials: tuple[tuple[bytes, bytes], ...] | None = None
         # The client's switch for this request: X-Prefill-Proxy-Rewrite: off.
         switch = down.headers.get(REWRITE_HEADER, "").strip().lower()
         self.rewriting = bool(self.chat.pipeline) and self.settings.rewrite and switch != "off"
@@ -171,9 +172,15 @@ class ChatCall(Call):
         except Exception as exc:  # fail open: the request goes whole, as without
             self.chat.failures.failed("early upload", exc)
 
+    def credentials(self) -> tuple[tuple[bytes, bytes], ...]:
+        """The client's credential headers (looked for once: three steps ask)."""
+        if self._credentials is None:
+            self._credentials = hdrs.credentials(self.down.raw_headers)
+        return self._credentials
+
     def credential(self) -> bytes:
         """The client's credentials, which a kept body is only ever continued under."""
-        return b"\n".join(value for _, value in hdrs.credentials(self.down.raw_headers))
+        return b"\n".join(value for _, value in self.credentials())
 
     def read_request(self, body: bytes) -> dict[str, Any]:
         """The request as the conversation the pipeline reads (a chat request, here)."""
@@ -221,7 +228,7 @@ class ChatCall(Call):
         if turn is not None:
             turn.credentials = hdrs.upstream_credentials(
                 self.settings.upstream_api_key
-            ) or hdrs.credentials(self.down.raw_headers)
+            ) or self.credentials()
 
     def routing_headers(self) -> list[tuple[bytes, bytes]]:
         """The session for a router in front of the engines: its key, and the affinity

@@ -85,7 +85,7 @@ _CREDENTIALS = frozenset({b"authorization", b"api-key", b"x-api-key"})
 
 
 def credentials(headers: RawHeaders) -> tuple[tuple[bytes, bytes], ...]:
-    return tuple((name.lower(), value) for name, value in headers if name.lower() in _CREDENTIALS)
+    return tuple((low, value) for name, value in headers if (low := name.lower()) in _CREDENTIALS)
 
 
 def header_value(text: str) -> bytes:
