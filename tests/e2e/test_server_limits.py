@@ -9,6 +9,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -125,3 +126,48 @@ def test_normal_requests_and_keep_alive_are_untouched(proxy) -> None:
             assert client.post("/v1/chat/completions", json=request).status_code == 200
             time.sleep(0.6)  # longer than head_timeout between requests: still fine
     assert proxy.sample("prefill_proxy_in_flight_requests") == 0
+
+
+class Writes:
+    """A connection's real transport, with what was written to it, call by call."""
+
+    def __init__(self, transport: Any, calls: list[bytes]) -> None:
+        self._transport, self.calls = transport, calls
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(bytes(data))
+        self._transport.write(data)
+
+    def writelines(self, parts: Any) -> None:
+        self.write(b"".join(parts))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def test_a_whole_response_goes_out_in_one_write(fake_upstream: FakeUpstream) -> None:
+    # uvicorn writes the head and the body apart: two syscalls, two wake-ups of the client.
+    calls: list[bytes] = []
+
+    class Counted(protocol(LIMITS)):  # type: ignore[misc,valid-type]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(Writes(transport, calls))
+
+    settings = config.load({"upstream": fake_upstream.url}, environ={})
+    app = create_app(settings, registry=CollectorRegistry())
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with serve(app, http=Counted) as url, httpx.Client(base_url=url, timeout=10) as client:
+        for _ in range(2):  # the second on the kept-alive connection
+            reply = client.post("/v1/chat/completions", json=request)
+            assert reply.status_code == 200 and reply.json()["choices"]
+    assert len(calls) == 2, [call[:40] for call in calls]
+    assert all(call.startswith(b"HTTP/1.1 200") and call.endswith(reply.content) for call in calls)
+
+
+def test_a_response_before_a_close_is_written_whole(proxy) -> None:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    head = CHAT + b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
+    with connect(proxy) as sock:  # the server closes right after the response: it waits
+        sock.sendall(head + body)
+        status, reply = answer(sock)
+    assert status == 200 and reply["choices"][0]["message"]["content"]
