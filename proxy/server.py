@@ -9,7 +9,7 @@ the edge needs, enforced before the app sees a request.
   then the connection is closed (a request that never finishes holds no socket forever).
 - At most ``max_client_connections`` at once: one more gets a 503 and is closed.
 
-What one step of the app writes goes out in one write (``Corked``): a whole response's
+The head of a whole response waits for the end of the loop's step (``Corked``): its
 head and body are one syscall, and one wake-up of the client, not two.
 
 A request's scope carries ``CLIENT_GONE``: the app hands it a callback, called if the
@@ -230,41 +230,46 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._due(LINGER_S, "")
 
 
-# Writes joined into one buffer before they go out; past this, handed over as they are.
+# In a head uvicorn wrote (names in lower case): a response of known length, whose body is
+# most likely written in the same step. A stream's head is not held: its first chunk
+# comes later, and would only wait for the head.
+_WHOLE = b"\r\ncontent-length: "
+# A head and a body longer than this go out as a writev of the two, not joined first.
 JOIN_BYTES = 64 << 10
 
 
 class Corked:
-    """A connection's transport, whose writes wait for the end of the loop's current step
-    and then go out as one: uvicorn writes a response's head and its body separately, two
-    syscalls and two wake-ups of the client for every whole response. Everything else goes
-    to the transport as it is, after what waits (a close, an end of writing)."""
+    """A connection's transport that holds the head of a whole response until the end of
+    the loop's current step: uvicorn writes a response's head and body apart, two syscalls
+    and two wake-ups of the client, and the body written in the same step now goes out
+    with it. Any other write goes out at once (a stream is not held at all), and a close
+    or end of writing sends what waits first."""
 
-    __slots__ = ("_loop", "_pending", "_pending_bytes", "transport")
+    __slots__ = ("_head", "_loop", "transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self.transport = transport
         self._loop = loop
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
+        self._head: bytes | None = None
 
     def write(self, data: bytes) -> None:
-        if not self._pending:
+        head = self._head
+        if head is not None:
+            self._head = None
+            if len(head) + len(data) <= JOIN_BYTES:
+                self.transport.write(head + data)
+            else:
+                self.transport.writelines([head, data])
+        elif data.startswith(b"HTTP/") and _WHOLE in data:  # the head of a whole response
+            self._head = data
             self._loop.call_soon(self.flush)
-        self._pending.append(data)
-        self._pending_bytes += len(data)
+        else:
+            self.transport.write(data)
 
     def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        size, self._pending_bytes = self._pending_bytes, 0
-        if not pending or self.transport.is_closing():
-            return
-        if len(pending) == 1:
-            self.transport.write(pending[0])
-        elif size <= JOIN_BYTES:
-            self.transport.write(b"".join(pending))
-        else:
-            self.transport.writelines(pending)
+        head, self._head = self._head, None
+        if head is not None and not self.transport.is_closing():
+            self.transport.write(head)
 
     def close(self) -> None:
         self.flush()
