@@ -260,8 +260,8 @@ class Corked:
                 self.transport.write(head + data)
             else:
                 self.transport.writelines([head, data])
-        elif data.startswith(b"HTTP/") and _WHOLE in data:  # the head of a whole response
-            self._head = data
+        elif type(data) is bytes and data.startswith(b"HTTP/") and _WHOLE in data:
+            self._head = data  # the head of a whole response (uvicorn writes bytes)
             self._loop.call_soon(self.flush)
         else:
             self.transport.write(data)
