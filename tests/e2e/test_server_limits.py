@@ -1,7 +1,8 @@
 """The server's limits (proxy/server.py) under raw sockets: heads too large or too many
 headers (431), heads and bodies that never finish (408, then closed), too many
 connections (503); each answer in OpenAI's shape, nothing sent upstream, the in-flight
-gauge back at 0. Normal requests, keep-alive included, are untouched."""
+gauge back at 0. Normal requests, keep-alive included, are untouched, and a whole
+response goes out in one write."""
 
 from __future__ import annotations
 

@@ -293,7 +293,8 @@ async def test_the_pool_limit_waits_for_a_connection_within_the_connect_timeout(
 async def test_a_big_body_arrives_intact_through_paused_reading(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(http1_connection, "BUFFERED", 16 << 10)  # paused past 16 KB held, not 1 MB
+    # Reading paused past 16 KB held, not 1 MB.
+    monkeypatch.setattr(http1_connection, "BUFFERED", 16 << 10)
     body = bytes(range(256)) * (16 << 10)  # 4 MB
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
