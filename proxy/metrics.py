@@ -3,93 +3,10 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, TypeVar
 
-import prometheus_client
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.values import MutexValue
 
-M = TypeVar("M", bound=type[MetricWrapperBase])
-
-
-class _Value:
-    """prometheus_client's MutexValue without the mutex: the proxy changes its metrics on
-    its event loop's thread only (the scrape, in another thread or not, reads a float),
-    and the lock was 0.3 us of each of the 20-odd changes a request makes."""
-
-    __slots__ = ("_exemplar", "_value")
-
-    def __init__(self) -> None:
-        self._value = 0.0
-        self._exemplar: Any = None
-
-    def inc(self, amount: float) -> None:
-        self._value += amount
-
-    def set(self, value: float, timestamp: float | None = None) -> None:
-        self._value = value
-
-    def set_exemplar(self, exemplar: Any) -> None:
-        self._exemplar = exemplar
-
-    def get(self) -> float:
-        return self._value
-
-    def get_exemplar(self) -> Any:
-        return self._exemplar
-
-
-def _unlocked(value: Any) -> Any:
-    """``value`` as a _Value, where it is the single-process kind (a multiprocess one,
-    with PROMETHEUS_MULTIPROC_DIR set, stays as it is)."""
-    return _Value() if type(value) is MutexValue else value
-
-
-def _kept_children(base: M) -> M:
-    """``base`` whose ``labels()`` keeps the children it hands out in a plain dict:
-    prometheus_client's takes a lock and converts every value on each call (1.2-1.5 us),
-    and a request makes about ten. Every label value here is bounded (see ``Metrics``).
-    Its values are _Values."""
-
-    class Kept(base):  # type: ignore[valid-type,misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._kept: dict[tuple[Any, ...], Any] = {}
-
-        def _metric_init(self) -> None:  # a series: unlabelled, or a child
-            super()._metric_init()
-            # Counters' and gauges' value; histograms' sum and buckets.
-            state: dict[str, Any] = self.__dict__
-            for name in ("_value", "_sum"):
-                if name in state:
-                    state[name] = _unlocked(state[name])
-            if "_buckets" in state:
-                state["_buckets"] = [_unlocked(bucket) for bucket in state["_buckets"]]
-
-        def labels(self, *values: Any, **named: Any) -> Any:
-            if named:
-                return super().labels(*values, **named)
-            child = self._kept.get(values)
-            if child is None:
-                child = self._kept[values] = super().labels(*values)
-            return child
-
-        def remove(self, *values: Any) -> None:
-            self._kept.clear()
-            super().remove(*values)
-
-        def clear(self) -> None:
-            self._kept.clear()
-            super().clear()
-
-    Kept.__name__ = Kept.__qualname__ = base.__name__
-    return Kept  # type: ignore[return-value]
-
-
-Counter = _kept_children(prometheus_client.Counter)
-Gauge = _kept_children(prometheus_client.Gauge)
-Histogram = _kept_children(prometheus_client.Histogram)
+from proxy.metric_classes import Counter, Gauge, Histogram
 
 # LLM latencies span milliseconds (a cached prefill on a GPU) to minutes (a cold 100k-token
 # prompt, a long generation), so the buckets do too.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.metrics import Counter, Gauge, Histogram
+from proxy.metric_classes import Counter, Gauge, Histogram
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
