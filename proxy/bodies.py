@@ -27,7 +27,7 @@ import itertools
 import re
 import secrets
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -147,6 +147,14 @@ def _as_parsed(parsed: Any, value: Any) -> Any:
     return value
 
 
+class Tail(NamedTuple):
+    """What follows a body's messages: its bytes (from the end of the last message: the
+    array's closing bracket, the top-level items after it) and those items as parsed."""
+
+    raw: memoryview
+    items: tuple[tuple[str, Any], ...]
+
+
 @dataclasses.dataclass
 class Parsed:
     """A body parsed; filled in as the cache works on it (not frozen: a copy per field
@@ -160,6 +168,7 @@ class Parsed:
     # body's objects, what was worked out then. Kept with this body for the next step.
     known: Known | None = None
     kept: Kept | None = None  # this body as the cache keeps it, if it does
+    tail: Tail | None = None  # what follows its messages, where it was parsed apart
 
 
 @dataclasses.dataclass(eq=False)
@@ -181,6 +190,7 @@ class Kept:
     # Bytes kept with it besides the body: the array its request forwarded, or the one
     # it carries from the request it continues (proxy.encoded).
     extra: int = 0
+    tail: Tail | None = None  # what follows its messages (None: not parsed apart)
 
 
 class _Group:
@@ -277,7 +287,7 @@ class BodyCache:
         for kept in members.continued_by(body):  # appended to: one memcmp each
             if len(body) > len(kept.prefix) and body.startswith(kept.prefix):
                 parsed = self._extend(
-                    kept.before, body, kept.messages, kept.spans, len(kept.prefix)
+                    kept.before, body, kept.messages, kept.spans, len(kept.prefix), kept.tail
                 )
                 lead = len(kept.messages)
                 break
@@ -317,20 +327,48 @@ class BodyCache:
         messages: list[Any],
         spans: list[Span],
         cut: int,
+        tail: Tail | None = None,
     ) -> Parsed | None:
         """``body`` as the top-level items ``before`` its array, then ``messages`` (kept
         ones, where they are in ``body``: ``spans``, the last ending at ``cut``), then what
         its bytes from ``cut`` on hold: more messages, then the rest of the top-level
-        object. None where they do not read so."""
-        wrapped = self._open + self._nonce + body[cut:]
+        object. None where they do not read so. Where ``body`` ends with the kept body's
+        ``tail``, what follows its array, only the new messages are parsed: the rest is the
+        kept body's objects (openai-python and the AI SDK send their tools after the
+        history: 10 KB parsed again and encoded again, for their forms, every step)."""
+        if tail is not None:
+            stop = len(body) - len(tail.raw)
+            if stop >= cut and body.endswith(tail.raw):
+                parsed = self._new_part(before, body, messages, spans, cut, stop, tail.items)
+                if parsed is not None:
+                    return parsed
+        return self._new_part(before, body, messages, spans, cut, len(body), None)
+
+    def _new_part(
+        self,
+        before: tuple[tuple[str, Any], ...],
+        body: bytes,
+        messages: list[Any],
+        spans: list[Span],
+        cut: int,
+        stop: int,
+        after: tuple[tuple[str, Any], ...] | None,
+    ) -> Parsed | None:
+        """``_extend`` with ``body[cut:stop]`` parsed: up to the end (``after`` None), or
+        up to a tail whose items are ``after``. Then those bytes must be array elements and
+        nothing else: the top-level object closed right after them holds the array alone."""
+        closed = b"" if after is None else b"]}"
+        wrapped = self._open + self._nonce + body[cut:stop] + closed
         try:
             rest = jsonio.loads(wrapped)
         except jsonio.InvalidJSON:
             return None  # parsed whole, for the error to point into the client's body
         key = self.array.key
         new = rest.get(key) if isinstance(rest, dict) else None
+        if not isinstance(new, list) or not new or (after is not None and len(rest) != 1):
+            return None
         raws = scan(wrapped, self.array)
-        if not isinstance(new, list) or not new or not raws or len(raws) != len(new):
+        if not raws or len(raws) != len(new):
             return None
         if bytes(raws[0]) != self._nonce or new[0] != self._nonce[1:-1].decode():
             return None  # a later key of the array's name replaced it
@@ -338,13 +376,21 @@ class BodyCache:
         if found is None:
             return None
         shift = cut - len(self._open) - len(self._nonce)
+        if after is None:  # later keys, and repeated ones: the last wins
+            after = tuple((name, value) for name, value in rest.items() if name != key)
         payload = dict(before)
         payload[key] = [*messages, *new[1:]]
-        for name, value in rest.items():  # later keys, and repeated ones: the last wins
-            if name != key:
-                payload[name] = value
+        payload.update(after)
         moved = [(start + shift, end + shift) for start, end in found[1:]]
-        return Parsed(payload, [*spans, *moved], reused=len(messages), reused_bytes=cut)
+        spans = [*spans, *moved]
+        end = spans[-1][1] if spans else cut
+        return Parsed(
+            payload,
+            spans,
+            reused=len(messages),
+            reused_bytes=cut + len(body) - stop,
+            tail=Tail(memoryview(body)[end:], after),
+        )
 
     def _changed(self, kept: Kept, body: bytes) -> tuple[Parsed, int] | None:
         """``body`` as the kept one with one message changed and more appended, and the
@@ -361,7 +407,12 @@ class BodyCache:
             if not index:
                 return None
             extended = self._extend(
-                kept.before, body, kept.messages[:index], spans[:index], spans[index - 1][1]
+                kept.before,
+                body,
+                kept.messages[:index],
+                spans[:index],
+                spans[index - 1][1],
+                kept.tail,
             )
             return None if extended is None else (extended, index)
         after, end = spans[index + 1][0], spans[-1][1]
@@ -383,7 +434,7 @@ class BodyCache:
         messages = [*kept.messages[:index], pair[0], *kept.messages[index + 1 :]]
         moved = [*spans[:index], (start, changed_end)]
         moved += [(first + shift, last + shift) for first, last in spans[index + 1 :]]
-        parsed = self._extend(kept.before, body, messages, moved, end + shift)
+        parsed = self._extend(kept.before, body, messages, moved, end + shift, kept.tail)
         if parsed is None:
             return None
         parsed_bytes = changed_end - start
@@ -407,7 +458,7 @@ class BodyCache:
         at = spans[1][0] if len(spans) > 1 else spans[0][0]
         probe = (at, body[at : at + PROBE]) if at + PROBE <= end else None
         kept = Kept(group, prefix, probe, len(body), before, messages, spans, known)
-        kept.extra = _extra(known)
+        kept.extra, kept.tail = _extra(known), parsed.tail
         self._lru[kept] = None
         members = self._groups.get(group)
         if members is None:  # (not setdefault: it would build a _Group every time)

@@ -108,16 +108,20 @@ class AgentSessions:
         step_bytes: int | None = None,
         per_session: int = STEPS_PER_SESSION,
         replies_back: str = "",
+        layout: str = "tools-first",
     ) -> None:
         from proxy.replay import traces
 
         conversation = traces.load(traces.locate("dev"), limit=1)[0]
-        system = conversation.messages[0]
-        self.head = b'{"model":"fake","stream":%s,"tools":%s,"messages":[%s' % (
+        system = json.dumps(conversation.messages[0]).encode()
+        settings = b'"model":"fake","stream":%s,"tools":%s' % (
             b"true" if stream else b"false",
             json.dumps(conversation.tools).encode(),
-            json.dumps(system).encode(),
         )
+        if layout == "sdk":  # openai-python's order: the history first, the tools after it
+            self.head, self.end = b'{"messages":[' + system, b"]," + settings + b"}"
+        else:
+            self.head, self.end = b"{" + settings + b',"messages":[' + system, b"]}"
         step_bytes = max(step_bytes or size // 64, 600)
         self.per_session = per_session
         self.replies_back = replies_back
@@ -167,7 +171,7 @@ class AgentSessions:
         text = f"Task {worker}-{session}: change my flight."
         task = json.dumps({"role": "user", "content": text})
         steps = self.steps[: step if self.replies_back else self.base + step]
-        return b"".join([self.head, b",", task.encode(), *steps, b"]}"])
+        return b"".join([self.head, b",", task.encode(), *steps, self.end])
 
     def timed(self, number: int) -> bool:
         """Whether a worker's request ``number`` is timed (else sent and counted in CPU
@@ -464,6 +468,13 @@ def parse_args() -> argparse.Namespace:
         "Python SDK dumps it, which the proxy restores) and a user message; sessions grow "
         "to their size untimed (many more requests)",
     )
+    add(
+        "--layout",
+        default="tools-first",
+        choices=["tools-first", "sdk"],
+        help="where the tools are in a body: before the history (tools-first), or after it, "
+        "as openai-python and the AI SDK send them (sdk)",
+    )
     add("--passthrough", action="store_true", help="also measure a bare FastAPI + aiohttp relay")
     add(
         "--baseline",
@@ -508,7 +519,12 @@ async def measure(args: argparse.Namespace, direct: Target, others: list[Target]
             stream = mode.strip() == "stream"
             if SIZES[size]:
                 bodies = AgentSessions(
-                    SIZES[size], stream, args.step_bytes, args.steps_per_session, args.replies_back
+                    SIZES[size],
+                    stream,
+                    args.step_bytes,
+                    args.steps_per_session,
+                    args.replies_back,
+                    args.layout,
                 )
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 targets = [direct, *others]
@@ -729,7 +745,12 @@ def store_mb(args: argparse.Namespace) -> float:
                 if not size:
                     continue  # one short request, over and over: no session state to speak of
                 bodies = AgentSessions(
-                    size, stream, args.step_bytes, args.steps_per_session, args.replies_back
+                    size,
+                    stream,
+                    args.step_bytes,
+                    args.steps_per_session,
+                    args.replies_back,
+                    args.layout,
                 )
                 sent = [0] * concurrency
                 for number in range(requests):

@@ -161,6 +161,48 @@ def test_the_continued_messages_are_the_earlier_parse_s_objects() -> None:
     assert all(a is b for a, b in kept)
 
 
+def test_what_follows_the_history_is_the_earlier_parse_s_objects_too() -> None:
+    """openai-python's layout (the tools after the history): once a step has parsed them
+    after its messages, the next ones take its objects instead of parsing them again."""
+    cache = BodyCache(1 << 20, min_body=0)
+    history = [SYSTEM, {"role": "user", "content": "hi"}]
+    steps = []
+    for step in range(4):
+        history = [*history, {"role": "assistant", "content": f"step {step}"}]
+        raw = body(history, {})
+        parsed = cache.parse(raw)
+        check(parsed, raw)
+        steps.append(parsed)
+    tail = raw[parsed.spans[-1][1] :]
+    assert parsed.reused_bytes == parsed.spans[-2][1] + len(tail)
+    assert steps[2].payload["tools"] is steps[1].payload["tools"]
+    assert steps[3].payload["tools"] is steps[1].payload["tools"]
+
+
+@pytest.mark.parametrize(
+    "between",
+    [
+        b'], "metadata": [1',  # closes the array, a key of its own, an array the tail closes
+        b', {"role": "user", "content": "x"}], "stream": true, "extra": [2',
+    ],
+)
+def test_new_bytes_that_close_the_history_before_the_kept_tail_parse_whole(between: bytes) -> None:
+    """A body that ends with the kept body's tail, but whose new bytes close the history and
+    open keys of their own, is not the kept tail after new messages: it parses as orjson
+    parses it."""
+    cache = BodyCache(1 << 20, min_body=0)
+    history = [SYSTEM, {"role": "user", "content": "hi"}]
+    for step in range(2):  # the second step keeps the tail parsed apart
+        history = [*history, {"role": "assistant", "content": f"step {step}"}]
+        cache.parse(body(history, {}))
+    kept = body(history, {})
+    end = kept.rindex(b"]", 0, kept.index(b'"model"'))
+    raw = kept[:end] + between + kept[end:]
+    parsed = cache.parse(raw)
+    check(parsed, raw)
+    assert "metadata" in parsed.payload or "extra" in parsed.payload
+
+
 def test_another_conversation_sharing_what_follows_leaves_the_kept_body() -> None:
     # Two tasks on one system prompt whose next messages are the same bytes (a templated
     # agent's first tool calls): the second is parsed as the first with its user message
