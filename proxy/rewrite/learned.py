@@ -131,7 +131,8 @@ def learn(
     may be learned as a block line (blank lines and rules never are: learning one would
     move every blank line)."""
     state = _State(dict(learned), current, learnable)
-    if list(previous) != list(current):
+    # The same signatures (an unchanged prompt, most steps) are not compared line by line.
+    if previous is not current and list(previous) != list(current):
         matcher = difflib.SequenceMatcher(
             None, [s[8:16] for s in previous], [s[8:16] for s in current], autojunk=False
         )
