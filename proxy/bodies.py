@@ -12,7 +12,10 @@ rest is parsed, in the same place of the grammar: inside the top-level object's
 ``messages`` array, after an element. A body that differs from a kept one in one message
 (a clock in the system prompt) has the messages after that one found again nearby and
 compared byte for byte; then only the changed message is parsed besides the new part.
-The result is what ``orjson.loads(body)`` gives: the same values, types and key order
+What follows the messages (openai-python and the AI SDK put the tools there) is kept too:
+a body that ends with the same bytes takes its values from the kept one, so only the new
+messages are parsed, and the tools are the same objects step to step. The result is what
+``orjson.loads(body)`` gives: the same values, types and key order
 (tests/unit/test_bodies.py).
 
 Kept per credential (a body is only ever continued from one sent with the same
