@@ -8,7 +8,6 @@ store sees them. Failing open: a store error costs the session, not the request.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -414,7 +413,7 @@ class SessionTracker:
         carry, known, session = turn.restore_next, turn.known, turn.session
         if carry is None or known is None or len(session.substitutions) >= MAX_SUBSTITUTIONS:
             return
-        known.restore_next = dataclasses.replace(carry, saved=restore.saved(session))
+        known.restore_next = carry.once_saved(restore.saved(session))
 
     async def _point(self, alias: str, key: str) -> None:
         """The alias record of a new fingerprinted session points to it (the newest session

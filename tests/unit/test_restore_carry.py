@@ -254,3 +254,10 @@ def test_a_step_after_a_failed_one_takes_nothing_from_before_it() -> None:
     assert continued.send(json.dumps(grown).encode(), reply) == whole.send(
         json.dumps(grown).encode(), reply
     )
+
+
+def test_a_carried_result_once_saved_is_a_copy_with_its_record() -> None:
+    carry = restore.Carried([{"role": "user"}], 0, b"k", [], [], [])
+    saved = carry.once_saved((3, b"link"))
+    assert saved == dataclasses.replace(carry, saved=(3, b"link"))
+    assert carry.saved is None and saved.client is carry.client
