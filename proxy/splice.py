@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from proxy import bodies, encoded, jsonio, tool_forms
+from proxy.identity import ByIdentity
 from proxy.pieces import Body, Pieces, joined
 from proxy.scans import replaced, same_objects
 from proxy.transcript import Known
@@ -185,6 +186,17 @@ def _joined(
 Elements = list[tuple[bytes | memoryview, int]]
 
 
+# Encodings of the messages the rewrites made, by identity: a system prompt with its clock
+# moved out is the same object step to step (proxy.rewrite.volatile), 8 KB encoded afresh
+# on every step without this.
+_ENCODED: ByIdentity[bytes] = ByIdentity(256)
+
+
+def _encoded(message: Any) -> bytes:
+    encoded = _ENCODED.get(message)
+    return encoded if encoded is not None else _ENCODED.put(message, orjson.dumps(message))
+
+
 def _in_place(
     messages: list[Any], replaced_at: Iterable[int], view: memoryview, spans: Sequence[bodies.Span]
 ) -> Elements:
@@ -196,7 +208,7 @@ def _in_place(
     for index in replaced_at:
         if index > start:
             elements.append((view[spans[start][0] : spans[index - 1][1]], spans[start][0]))
-        elements.append((orjson.dumps(messages[index]), -1))
+        elements.append((_encoded(messages[index]), -1))
         start = index + 1
     if start < len(messages):
         elements.append((view[spans[start][0] : spans[-1][1]], spans[start][0]))

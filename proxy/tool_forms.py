@@ -15,6 +15,7 @@ import hashlib
 from typing import Any
 
 from proxy import jsonio
+from proxy.identity import ByIdentity
 
 KEPT = 256  # distinct tool lists remembered (least recently used dropped)
 
@@ -33,15 +34,14 @@ _kept: collections.OrderedDict[bytes, ToolForms] = collections.OrderedDict()
 # Recent lists asked about, by identity: a request asks three times (its fingerprint, its
 # continuity, its record) about the same object, and a session's next steps bring it
 # again where their bodies continue an earlier one (proxy.bodies parses its tools once).
-# Parsed requests are never changed in place; holding the object keeps its id meaningful.
-_same: collections.OrderedDict[int, tuple[Any, ToolForms]] = collections.OrderedDict()
+_same: ByIdentity[ToolForms] = ByIdentity(SAME_KEPT)
 
 
 def forms(tools: Any) -> ToolForms:
     """The canonical forms of ``tools`` (any value: None and malformed lists too)."""
-    same = _same.get(id(tools))
-    if same is not None and same[0] is tools:
-        return same[1]
+    same = _same.get(tools)
+    if same is not None:
+        return same
     try:
         encoded = jsonio.dumps(tools)
     except jsonio.InvalidJSON:  # too deep to encode plainly: worked out, not kept
@@ -53,10 +53,7 @@ def forms(tools: Any) -> ToolForms:
         known = _kept[encoded] = _work_out(tools, encoded)
         if len(_kept) > KEPT:
             _kept.popitem(last=False)
-    _same[id(tools)] = (tools, known)
-    if len(_same) > SAME_KEPT:
-        _same.popitem(last=False)
-    return known
+    return _same.put(tools, known)
 
 
 def _work_out(tools: Any, encoded: bytes | None = None) -> ToolForms:

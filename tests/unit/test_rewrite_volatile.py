@@ -255,6 +255,29 @@ def test_the_detector_comes_from_the_context() -> None:
     assert moved["messages"][1]["content"] == "hi" + note_for(["build 3f2a9c1"])
 
 
+def test_a_step_forwards_the_prompt_object_the_last_one_made() -> None:
+    """The same system message object, with the same lines moved, gives the very object
+    the previous step forwarded (its digests and encoding are found by identity); other
+    lines moved out of it (a learned line), or another object, give a message of their
+    own, with what the rewrite always gives."""
+    step = {"messages": [SYSTEM, {"role": "user", "content": "hi"}]}
+    first = move_volatile(step, CONTEXT)
+    again = move_volatile({"messages": [SYSTEM, {"role": "user", "content": "go on"}]}, CONTEXT)
+    assert first is not None and again is not None
+    assert again["messages"][0] is first["messages"][0]
+    assert first["messages"][0] == {"role": "system", "content": "You are an agent."}
+
+    copied = {**SYSTEM}  # equal, but not the object the last step had
+    other = move_volatile({"messages": [copied, {"role": "user", "content": "hi"}]}, CONTEXT)
+    assert other is not None and other["messages"][0] is not first["messages"][0]
+    assert other["messages"][0] == first["messages"][0]
+
+    learned = RewriteContext(volatile=VolatileDetector((r"You are an agent\.",)))
+    both = move_volatile(step, learned)
+    assert both is not None and both["messages"][0]["content"] == ""
+    assert move_volatile(step, CONTEXT) == first  # and back: the moved lines decide
+
+
 def _timestamped(step: traces.Step) -> Prompt:
     prompt = Prompt(step.messages, step.conversation.tools)
     return profiles.timestamped(prompt, step.conversation.id, step.index)
