@@ -188,13 +188,18 @@ Elements = list[tuple[bytes | memoryview, int]]
 
 # Encodings of the messages the rewrites made, by identity: a system prompt with its clock
 # moved out is the same object step to step (proxy.rewrite.volatile), 8 KB encoded afresh
-# on every step without this.
-_ENCODED: ByIdentity[bytes] = ByIdentity(256)
+# on every step without this. Bounded: 128 of at most 64 KB each.
+_ENCODED: ByIdentity[bytes] = ByIdentity(128)
+ENCODED_KEPT_BYTES = 64 << 10
 
 
 def _encoded(message: Any) -> bytes:
     encoded = _ENCODED.get(message)
-    return encoded if encoded is not None else _ENCODED.put(message, orjson.dumps(message))
+    if encoded is None:
+        encoded = orjson.dumps(message)
+        if len(encoded) <= ENCODED_KEPT_BYTES:
+            _ENCODED.put(message, encoded)
+    return encoded
 
 
 def _in_place(

@@ -247,7 +247,7 @@ def move_volatile(request: Request, context: RewriteContext) -> Request | None:
 
 # What move_volatile made of a source message, by the source's identity: (its content
 # without the moved lines, the message with that content).
-_MADE: ByIdentity[tuple[Any, dict[str, Any]]] = ByIdentity(256)
+_MADE: ByIdentity[tuple[Any, dict[str, Any]]] = ByIdentity(128)
 
 
 def _without_lines(message: dict[str, Any], content: Any) -> dict[str, Any]:
