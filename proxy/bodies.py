@@ -19,7 +19,8 @@ messages are parsed, and the tools are the same objects step to step. The result
 (tests/unit/test_bodies.py).
 
 Kept per credential (a body is only ever continued from one sent with the same
-``Authorization``), bounded in bytes, least recently used dropped. Pure: no I/O.
+``Authorization``), bounded in bytes, least recently used dropped. Where each message's
+bytes are is proxy.body_spans's. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -27,19 +28,34 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import re
 import secrets
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-import msgspec
-
 from proxy import jsonio
+from proxy.body_spans import INPUT, MESSAGES, Array, Span, message_spans, scan, walk
 from proxy.pieces import Lead
 from proxy.scans import role
 from proxy.transcript import Known
 
-Span = tuple[int, int]  # a message's bytes in its body: body[start:end]
+__all__ = [
+    "CHANGED_TRIES",
+    "HEAD",
+    "INPUT",
+    "MESSAGES",
+    "MIN_BODY",
+    "PROBE",
+    "SHORT_KEPT",
+    "WINDOW",
+    "Array",
+    "BodyCache",
+    "Kept",
+    "Parsed",
+    "Span",
+    "Tail",
+    "message_spans",
+    "scan",
+]
 
 # Bodies shorter than this are parsed whole and not kept: a 32 KB parse costs 0.03 ms.
 MIN_BODY = 32 << 10
@@ -61,76 +77,6 @@ WINDOW = 4096
 # conversation's first request does not try every conversation sharing its system prompt.
 CHANGED_TRIES = 16
 _SPACE = b" \t\n\r"
-
-_GAP = re.compile(rb"[ \t\n\r]*,[ \t\n\r]*")
-
-
-@dataclasses.dataclass(frozen=True)
-class Array:
-    """The top-level array a body's history is: ``messages`` (chat completions), ``input``
-    (the Responses API)."""
-
-    key: str
-    quoted: bytes  # the key as JSON writes it
-    opening: re.Pattern[bytes]  # the key, its colon and the array's bracket
-    decoder: msgspec.json.Decoder[Any]  # the array's elements as raw bytes, the rest skipped
-
-    @classmethod
-    def of(cls, key: str) -> Array:
-        quoted = b'"' + key.encode() + b'"'
-        elements = msgspec.defstruct("Elements", [(key, list[msgspec.Raw], [])])
-        return cls(
-            key,
-            quoted,
-            re.compile(re.escape(quoted) + rb"[ \t\n\r]*:[ \t\n\r]*\[[ \t\n\r]*"),
-            msgspec.json.Decoder(elements),
-        )
-
-
-MESSAGES = Array.of("messages")
-INPUT = Array.of("input")
-
-
-def scan(body: bytes, array: Array = MESSAGES) -> list[msgspec.Raw] | None:
-    """The raw bytes of each element of the body's array; None if the body is not a JSON
-    object with such an array that msgspec reads (NaN literals, ...)."""
-    try:
-        elements: list[msgspec.Raw] = getattr(array.decoder.decode(body), array.key)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    return elements
-
-
-def _walk(body: bytes, start: int, raws: list[msgspec.Raw]) -> list[Span] | None:
-    """Each element's span, the first starting at ``start`` and each next one after a
-    comma: the elements' lengths are msgspec's, the gaps only whitespace and one comma."""
-    spans: list[Span] = []
-    position = start
-    for index, raw in enumerate(raws):
-        if index:
-            gap = _GAP.match(body, position)
-            if gap is None:
-                return None
-            position = gap.end()
-        end = position + len(raw)
-        spans.append((position, end))
-        position = end
-    return spans
-
-
-def message_spans(body: bytes, array: Array = MESSAGES) -> tuple[int, list[Span]] | None:
-    """Where the body's array opens (the offset of its first element) and where each of
-    its elements is: None where that cannot be told for sure (its key written more than
-    once anywhere in the body, which a nested object or a string may do, or a body msgspec
-    does not read)."""
-    if body.count(array.quoted) != 1:
-        return None
-    opened = array.opening.search(body)
-    raws = scan(body, array) if opened is not None else None
-    if opened is None or raws is None:
-        return None
-    spans = _walk(body, opened.end(), raws)
-    return None if spans is None else (opened.end(), spans)
 
 
 def _before(head: bytes, key: str, payload: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -375,7 +321,7 @@ class BodyCache:
             return None
         if bytes(raws[0]) != self._nonce or new[0] != self._nonce[1:-1].decode():
             return None  # a later key of the array's name replaced it
-        found = _walk(wrapped, len(self._open), raws)
+        found = walk(wrapped, len(self._open), raws)
         if found is None:
             return None
         shift = cut - len(self._open) - len(self._nonce)
