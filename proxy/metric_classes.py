@@ -59,13 +59,8 @@ def _kept_children(base: M) -> M:
             super().__init__(*args, **kwargs)
             self._kept: dict[tuple[Any, ...], Any] = {}
 
-        def _raise_if_not_observable(self) -> None:
-            if not self._series:
-                super()._raise_if_not_observable()
-
         def _metric_init(self) -> None:  # a series: unlabelled, or a child
             super()._metric_init()
-            self._series = True
             # Counters' and gauges' value; histograms' sum and buckets.
             state: dict[str, Any] = self.__dict__
             for name in ("_value", "_sum"):
@@ -94,8 +89,19 @@ def _kept_children(base: M) -> M:
     return Kept  # type: ignore[return-value]
 
 
-class _Series:
-    _series = False  # set by _metric_init: unlabelled, or a child (a parent cannot change)
+class _Series(MetricWrapperBase):
+    """A metric that knows whether it is a series (unlabelled, or a child: what can
+    change), so that a change need not ask prometheus_client again each time."""
+
+    _series = False  # a parent with label names is not one
+
+    def _metric_init(self) -> None:  # run for a series only
+        super()._metric_init()  # type: ignore[misc]
+        self._series = True
+
+    def _raise_if_not_observable(self) -> None:
+        if not self._series:
+            super()._raise_if_not_observable()
 
 
 class _Counter(_Series, prometheus_client.Counter):
