@@ -9,7 +9,7 @@ from typing import Any
 
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
-from proxy.scans import with_role
+from proxy.scans import CLIENT_MESSAGES, with_role
 from proxy.transcript import Known
 from proxy.turn import Turn
 
@@ -26,10 +26,10 @@ def steps_in_turn(client_messages: Sequence[Any], known: Known | None = None) ->
     assistant messages after the last user message, plus one. Counted from the request
     itself rather than from a per-session counter, so a retried step, a lost session or
     several requests of one session in flight can never skew it."""
-    users = with_role(client_messages, USER, known, "client users")
+    users = with_role(client_messages, USER, known, CLIENT_MESSAGES)
     # Both scans over the whole list, each carried on from the previous request's: a
     # slice after the last user message would be a new list (copied, compared, scanned).
-    assistants = with_role(client_messages, ASSISTANT, known, "client assistants")
+    assistants = with_role(client_messages, ASSISTANT, known, CLIENT_MESSAGES)
     return 1 + len(assistants) - (bisect.bisect_right(assistants, users[-1]) if users else 0)
 
 

@@ -20,6 +20,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from proxy.transcript import Known
 
+# The lists a request's passes look through for roles, by the names their scans are carried
+# on under (Known.with_role): the messages as the client sent them, and as rewritten.
+CLIENT_MESSAGES, REWRITTEN_MESSAGES = "client", "rewritten"
+
 
 def replaced(now: Iterable[Any], before: Iterable[Any]) -> Iterator[int]:
     """The indices where ``now`` holds another object than ``before`` (up to the shorter

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from proxy import jsonio
-from proxy.scans import same_run, starts_with, with_role
+from proxy.scans import role, same_run, starts_with, with_role
 
 if TYPE_CHECKING:
     from proxy.encoded import Encoded
@@ -29,8 +29,9 @@ Mask = Callable[[str], str]
 Hashes = dict[int, tuple[Any, int, list[bytes | None]]]
 # A chain worked out over a list of messages: (the list, what it was keyed with, the chain).
 Chain = tuple[Sequence[Any], Any, list[bytes]]
-# A scan of a list of messages for roles: (a copy of the list, the roles, the indices found).
-Scan = tuple[list[Any], frozenset[str], Sequence[int]]
+# The scans of a list of messages for roles: (a copy of the list, the indices of the messages
+# with each set of roles looked for).
+Scan = tuple[list[Any], dict[frozenset[str], tuple[int, ...]]]
 
 # v2: chains of per-message digests; v3: long text messages hashed as their fields.
 _ROOT = b"prefill-proxy/transcript/v3"
@@ -214,21 +215,29 @@ class Known:
         self.encoded: Encoded | None = None
 
     def with_role(self, name: str, messages: list[Any], roles: frozenset[str]) -> Sequence[int]:
-        """``with_role(messages, roles)``, looked for only past the list this ``name`` was
-        scanned in last (by this request or the one it continues), where ``messages``
-        starts with that list: a step of a long session scans its new messages, not the
-        history (3,400 messages: 174 us a scan, five scans a request)."""
+        """``with_role(messages, roles)``, looked for only past the list named ``name`` (the
+        client's messages, the rewritten ones) was scanned in last, by this request or the
+        one it continues, where ``messages`` starts with that list: a step of a long session
+        scans its new messages, not the history (3,400 messages: 174 us a scan). Every set of
+        roles a list was scanned for is carried on with it, so the passes that look in one
+        list for different roles compare it with the one before, and read its new messages'
+        roles, once."""
         scan = self.scans.get(name)
-        if scan is not None and scan[1] == roles and starts_with(messages, scan[0]):
-            before, _, found = scan
-            count = len(before)
-            if len(messages) == count:
-                return found  # the list scanned last again (another pass of this request)
-            if new := with_role(messages[count:], roles):  # most steps add none of a role
-                found = (*found, *[count + index for index in new])
-        else:
+        if scan is None or not starts_with(messages, scan[0]):
             found = tuple(with_role(messages, roles))
-        self.scans[name] = (list(messages), roles, found)
+            self.scans[name] = (list(messages), {roles: found})
+            return found
+        before, by_roles = scan
+        count = len(before)
+        if len(messages) > count:
+            new = list(map(role, messages[count:]))
+            by_roles = {each: _found_after(old, count, new, each) for each, old in by_roles.items()}
+            self.scans[name] = scan = (list(messages), by_roles)
+        known = by_roles.get(roles)
+        if known is not None:
+            return known
+        found = tuple(with_role(messages, roles))  # not looked for in this list before
+        self.scans[name] = (scan[0], {**by_roles, roles: found})
         return found
 
     def continued(
@@ -263,6 +272,15 @@ class Known:
         if lead is not None:
             known.lead = (elements, *lead)
         return known
+
+
+def _found_after(
+    found: tuple[int, ...], count: int, new_roles: list[Any], roles: frozenset[str]
+) -> tuple[int, ...]:
+    """``found`` and the indices of the roles of ``new_roles`` (those of the messages after
+    the ``count`` scanned) that are among ``roles``."""
+    added = [count + i for i, its in enumerate(new_roles) if type(its) is str and its in roles]
+    return (*found, *added) if added else found
 
 
 def _ids(elements: Sequence[Any], others: Iterable[Any]) -> set[int]:

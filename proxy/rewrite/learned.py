@@ -36,14 +36,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from proxy.scans import with_role
+from proxy.scans import CLIENT_MESSAGES, with_role
 from proxy.transcript import Known
 
 # Requests a learned line may go unchanged before it goes back into the system prompt.
 UNLEARN_AFTER = 16
 SOURCE_ROLES = frozenset({"system", "developer"})  # whose lines may be volatile
-# The name of the scan for them in the client's messages (proxy.transcript.Known.with_role).
-CLIENT_SOURCES = "client sources"
 _DIGIT = re.compile(r"\d")
 _NUMBER = re.compile(r"\d+")
 _WORD = re.compile(r"\w")
@@ -94,7 +92,7 @@ def system_texts(messages: Any, known: Known | None = None) -> tuple[str, ...]:
     texts: list[str] = []
     if not isinstance(messages, list):
         return ()
-    for index in with_role(messages, SOURCE_ROLES, known, CLIENT_SOURCES):
+    for index in with_role(messages, SOURCE_ROLES, known, CLIENT_MESSAGES):
         content = messages[index].get("content")
         if isinstance(content, str):
             texts.append(content)

@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.identity import ByIdentity
-from proxy.rewrite.learned import CLIENT_SOURCES, SOURCE_ROLES, learned_line, shape
+from proxy.rewrite.learned import SOURCE_ROLES, learned_line, shape
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
-from proxy.scans import with_role
+from proxy.scans import CLIENT_MESSAGES, REWRITTEN_MESSAGES, with_role
 from proxy.transcript import Known
 
 NOTE_HEADER = "[Context moved from the system prompt: it changes on every request]"
@@ -226,7 +226,7 @@ def move_volatile(request: Request, context: RewriteContext) -> Request | None:
     also = learned_of(context.session, detector)
     rewritten = list(messages)
     moved: list[str] = []
-    for index in with_role(messages, SOURCE_ROLES, context.known, "rewritten sources"):
+    for index in with_role(messages, SOURCE_ROLES, context.known, REWRITTEN_MESSAGES):
         message = messages[index]
         content, lines = _split_content(message.get("content"), detector, also)
         if lines:
@@ -324,7 +324,7 @@ def volatile_lines(
         return ()
     also = learned_of(session, detector)
     moved: list[str] = []
-    for index in with_role(messages, SOURCE_ROLES, known, CLIENT_SOURCES):
+    for index in with_role(messages, SOURCE_ROLES, known, CLIENT_MESSAGES):
         moved += _split_content(messages[index].get("content"), detector, also)[1]
     return tuple(moved)
 

@@ -203,26 +203,32 @@ def test_scans_carried_from_request_to_request_are_the_full_scans(
         assert list(with_role(messages, roles, known, "client")) == with_role(messages, roles)
         # a second pass over the same list in the same request finds it all again
         assert list(with_role(messages, roles, known, "client")) == with_role(messages, roles)
-        # other passes, each by its own name: over the same list, and over another list
-        # in between
+        # another pass over the same list, for other roles, and one over another list by
+        # its own name in between
         tail = messages[at % (len(messages) + 1) :]
         assert list(with_role(tail, roles, known, "tail")) == with_role(tail, roles)
-        assert list(with_role(messages, USER, known, "users")) == with_role(messages, USER)
+        assert list(with_role(messages, USER, known, "client")) == with_role(messages, USER)
 
 
 def test_a_scan_carried_on_looks_only_at_the_new_messages() -> None:
-    """The saving itself: the messages the scan before covered are not read again. Shown by
-    changing one of them in place, which the proxy never does to a parsed message (the
-    next request shares it): a carried scan does not see the change, a full one would."""
+    """The saving itself: the messages the scans before covered are not read again, for any
+    of the roles they were looked for. Shown by changing one of them in place, which the
+    proxy never does to a parsed message (the next request shares it): a carried scan
+    does not see the change, a full one would."""
     users = frozenset({"user"})
     system, user = {"role": "system", "content": "s"}, {"role": "user", "content": "u"}
+    systems = frozenset({"system"})
     known = Known().continued([system, user])
     assert list(with_role([system, user], users, known, "client")) == [1]
+    assert list(with_role([system, user], systems, known, "client")) == [0]
     system["role"] = "user"
     messages = [system, user, {"role": "user", "content": "new"}]
     known = known.continued(messages)
     assert list(with_role(messages, users, known, "client")) == [1, 2]
     assert with_role(messages, users) == [0, 1, 2]
+    # the list's scan for other roles was carried on with it too
+    assert list(with_role(messages, systems, known, "client")) == [0]
+    assert with_role(messages, systems) == []
 
 
 def test_a_turn_finds_the_replaced_messages_of_a_list_once() -> None:
