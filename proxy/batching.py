@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.exchange import Exchange
+from proxy.known import Known
 from proxy.metrics import Metrics
 from proxy.scans import CLIENT_MESSAGES, with_role
-from proxy.transcript import Known
 from proxy.turn import Turn
 
 USER, ASSISTANT = frozenset({"user"}), frozenset({"assistant"})

@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 
 from proxy import jsonio
 from proxy.body_spans import INPUT, MESSAGES, Array, Span, message_spans, scan, walk
+from proxy.known import Known
 from proxy.pieces import Lead
 from proxy.scans import role
-from proxy.transcript import Known
 
 __all__ = [
     "CHANGED_TRIES",

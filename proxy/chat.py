@@ -25,13 +25,13 @@ from proxy.engines import Engine
 from proxy.errors import BadRequest
 from proxy.failopen import FailOpenLog
 from proxy.fanout import FanoutGate
+from proxy.known import Known
 from proxy.pieces import Body, Lead
 from proxy.relay import ChatStreamWatcher, StreamWatcher
 from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.stream_usage import request_usage
 from proxy.sessions import fingerprint
 from proxy.tracker import SessionTracker
-from proxy.transcript import Known
 from proxy.turn import Turn
 from proxy.upstream import UpstreamResponse
 

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy import prefix
+from proxy.known import Known
 from proxy.rewrite.restore import Carried, continues
 from proxy.scans import replaced
-from proxy.transcript import Known
 
 # Beyond this many changed messages the carried result is not worth patching: the
 # request is worked out as if it had none.

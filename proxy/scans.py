@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from proxy.transcript import Known
+    from proxy.known import Known
 
 # The lists a request's passes look through for roles, by the names their scans are carried
 # on under (Known.with_role): the messages as the client sent them, and as rewritten.

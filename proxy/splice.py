@@ -28,9 +28,9 @@ import orjson
 
 from proxy import bodies, encoded, jsonio, tool_forms
 from proxy.identity import ByIdentity
+from proxy.known import Known
 from proxy.pieces import Body, Pieces, joined
 from proxy.scans import replaced, same_objects
-from proxy.transcript import Known
 
 _MISSING = object()
 _SPACE = b" \t\n\r"
@@ -72,7 +72,7 @@ def encode_pieces(
     with those fields. ``replaced_in``: where a list of as many messages holds other
     objects than ``client_messages``, if the caller works that out once for several
     uses (proxy.turn.Turn). ``known``: what the body cache carries of the conversation
-    (proxy.transcript.Known), which keeps the forwarded array for the next request where
+    (proxy.known.Known), which keeps the forwarded array for the next request where
     many messages are replaced (proxy.encoded). Raises jsonio.InvalidJSON as
     jsonio.dumps does."""
     if client is not None and (extended := _extended(forwarded, client, body)) is not None:

@@ -18,12 +18,13 @@ from proxy.exchange import Exchange, token_counts
 from proxy.failopen import FailOpenLog
 from proxy.history import head_key, history_keys, leading_system
 from proxy.jsonio import InvalidJSON
+from proxy.known import Known
 from proxy.metrics import Metrics
 from proxy.rewrite import learned, restore
 from proxy.rewrite.template_kwargs import pinnable
 from proxy.rewrite.volatile import VolatileDetector, notes_after
 from proxy.sessions import MAX_SUBSTITUTIONS, Session, SessionStore, fingerprint, identify
-from proxy.transcript import Known, Memo, Memos, chain_keys
+from proxy.transcript import Memo, Memos, chain_keys
 from proxy.turn import Turn
 
 log = logging.getLogger("prefill_proxy.sessions")

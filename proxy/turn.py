@@ -9,9 +9,10 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from proxy.known import Known
 from proxy.scans import replaced
 from proxy.sessions import Session
-from proxy.transcript import Known, Memo, exact_chain
+from proxy.transcript import Memo, exact_chain
 
 if TYPE_CHECKING:
     from proxy.rewrite.restore import Carried
@@ -54,7 +55,7 @@ class Turn:
     # The conversation's message digests (proxy.transcript.Memo), and the exact chain of
     # the forwarded messages once computed.
     memo: Memo | None = None
-    # What is known of the client's parsed messages (proxy.transcript.Known), if anything.
+    # What is known of the client's parsed messages (proxy.known.Known), if anything.
     known: Known | None = None
     forwarded_chain: list[bytes] | None = None
     body_bytes: int = 0  # the client's body, as received

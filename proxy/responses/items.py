@@ -50,7 +50,7 @@ Converted = dict[int, tuple[Any, dict[str, Any]]]
 def to_chat(request: Mapping[str, Any], converted: Converted | None = None) -> dict[str, Any]:
     """The chat-completion request standing for a Responses request: its messages, tools
     and ``parallel_tool_calls``, and the fields sessions are identified by. ``converted``:
-    messages made before (proxy.transcript.Known, carried with a body the next step
+    messages made before (proxy.known.Known, carried with a body the next step
     continues), by the id of the object they were made from; a message made again from
     the same objects is the same object, so the session's chains carry over it. Made
     messages are never changed in place (the rewrites replace them)."""

@@ -36,8 +36,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from proxy.known import Known
 from proxy.scans import CLIENT_MESSAGES, with_role
-from proxy.transcript import Known
 
 # Requests a learned line may go unchanged before it goes back into the system prompt.
 UNLEARN_AFTER = 16
@@ -88,7 +88,7 @@ def _label_key(line: str) -> bytes:
 
 def system_texts(messages: Any, known: Known | None = None) -> tuple[str, ...]:
     """The text of each system and developer message (of each text part), in order
-    (``known``: what the request knows of its messages, proxy.transcript.Known)."""
+    (``known``: what the request knows of its messages, proxy.known.Known)."""
     texts: list[str] = []
     if not isinstance(messages, list):
         return ()

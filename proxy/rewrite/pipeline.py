@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from proxy.failopen import FailOpenLog
+from proxy.known import Known
 from proxy.sessions import Session
-from proxy.transcript import Known
 
 log = logging.getLogger("prefill_proxy.rewrite")
 
@@ -39,7 +39,7 @@ class RewriteContext:
     volatile: Detector | None = None
     # proxy.transcript.chain_keys of the client's messages, when the session computed them
     message_keys: Sequence[bytes] = ()
-    # What the request knows of its messages (proxy.transcript.Known): scans carried on.
+    # What the request knows of its messages (proxy.known.Known): scans carried on.
     known: Known | None = None
 
     def key_of(self, index: int) -> bytes | None:

@@ -9,9 +9,10 @@ import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from proxy.known import Known
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
 from proxy.sessions import Session
-from proxy.transcript import Known, chain_keys
+from proxy.transcript import chain_keys
 
 if TYPE_CHECKING:
     from proxy.record import Record

@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.identity import ByIdentity
+from proxy.known import Known
 from proxy.rewrite.learned import SOURCE_ROLES, learned_line, shape
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
 from proxy.scans import CLIENT_MESSAGES, REWRITTEN_MESSAGES, with_role
-from proxy.transcript import Known
 
 NOTE_HEADER = "[Context moved from the system prompt: it changes on every request]"
 PLACEHOLDER = "<volatile>"

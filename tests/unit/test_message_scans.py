@@ -17,12 +17,13 @@ from hypothesis import strategies as st
 from proxy import scans
 from proxy.batching import steps_in_turn
 from proxy.history import head_key
+from proxy.known import Known
 from proxy.rewrite import volatile
 from proxy.rewrite.learned import SOURCE_ROLES
 from proxy.rewrite.volatile import DEFAULT_DETECTOR, _all_in
 from proxy.scans import replaced, with_role
 from proxy.sessions import Session
-from proxy.transcript import Known, chain_keys, exact_chain, matched_messages
+from proxy.transcript import chain_keys, exact_chain, matched_messages
 from proxy.turn import Turn
 
 ROLES = ["system", "developer", "user", "assistant", "tool", "other"]

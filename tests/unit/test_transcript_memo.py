@@ -12,13 +12,12 @@ from hypothesis import strategies as st
 
 from proxy import jsonio
 from proxy.bodies import BodyCache
+from proxy.known import STALE_HASHES, Known
 from proxy.replay import traces
 from proxy.replay.profiles import Prompt, mixed, varied_clocks
 from proxy.rewrite.volatile import DEFAULT_DETECTOR
 from proxy.transcript import (
     FLAT_MIN,
-    STALE_HASHES,
-    Known,
     Memo,
     chain_keys,
     exact_chain,
