@@ -34,10 +34,11 @@ from proxy.paths import PathPolicy
 from proxy.responses.call import RESPONSES_ROUTE, ResponsesCall
 from proxy.rewrite import Pipeline, Transform
 from proxy.rewrite.canonical_tools import canonical_tools
+from proxy.rewrite.detector import VolatileDetector
 from proxy.rewrite.restore import restore_history
 from proxy.rewrite.template_kwargs import pin_template_kwargs
 from proxy.rewrite.tool_batching import tool_batching
-from proxy.rewrite.volatile import VolatileDetector, move_volatile
+from proxy.rewrite.volatile import move_volatile
 from proxy.routes import Endpoint, Probes, http_error, internal_error_handler
 from proxy.sessions import MemoryStore, SessionStore
 from proxy.tracker import SessionTracker

@@ -21,8 +21,9 @@ from proxy.jsonio import InvalidJSON
 from proxy.known import Known
 from proxy.metrics import Metrics
 from proxy.rewrite import learned, restore
+from proxy.rewrite.detector import VolatileDetector
 from proxy.rewrite.template_kwargs import pinnable
-from proxy.rewrite.volatile import VolatileDetector, notes_after
+from proxy.rewrite.volatile import notes_after
 from proxy.sessions import MAX_SUBSTITUTIONS, Session, SessionStore, fingerprint, identify
 from proxy.transcript import Memo, Memos, chain_keys
 from proxy.turn import Turn

@@ -22,7 +22,7 @@ Request = dict[str, Any]
 
 
 class Detector(Protocol):
-    """Finds volatile values (dates, ids) in text: proxy.rewrite.volatile.VolatileDetector."""
+    """Finds volatile values (dates, ids) in text: proxy.rewrite.detector.VolatileDetector."""
 
     def mask(self, text: str) -> str: ...
 

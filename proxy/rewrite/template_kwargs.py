@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.rewrite.detector import DEFAULT_DETECTOR, VolatileDetector
 from proxy.rewrite.pipeline import Request, RewriteContext, transform
-from proxy.rewrite.volatile import DEFAULT_DETECTOR, VolatileDetector
 
 # Keys known to carry the current date or time into a template.
 VOLATILE_KEYS = frozenset({"date_string", "current_date", "today", "now"})

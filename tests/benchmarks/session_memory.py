@@ -26,7 +26,7 @@ from proxy.metrics import Metrics
 from proxy.replay import profiles, request, synthetic, traces
 from proxy.rewrite import Pipeline, RewriteContext
 from proxy.rewrite.canonical_tools import _canonical_tools
-from proxy.rewrite.volatile import VolatileDetector
+from proxy.rewrite.detector import VolatileDetector
 from proxy.sessions import MemoryStore
 from proxy.tracker import SessionTracker
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.redis_store import RedisStore, StoreUnavailable, describe
-from proxy.rewrite.volatile import VolatileDetector
+from proxy.rewrite.detector import VolatileDetector
 from proxy.sessions import Session
 from proxy.tracker import SessionTracker
 from tests.support.clock import Clock

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from proxy.batching import RoundTrips, steps_in_turn, tool_call_count
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
-from proxy.rewrite.volatile import VolatileDetector
+from proxy.rewrite.detector import VolatileDetector
 from proxy.sessions import MemoryStore
 from proxy.tracker import SessionTracker
 

@@ -25,7 +25,7 @@ from proxy.compaction import Compactor, bounds, plan
 from proxy.compaction.budget import PER_MESSAGE, Sizer
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
-from proxy.rewrite.volatile import VolatileDetector
+from proxy.rewrite.detector import VolatileDetector
 from proxy.sessions import MemoryStore, SessionStore
 from proxy.tracker import SessionTracker
 from proxy.upstream import Upstream

@@ -19,7 +19,7 @@ from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.pieces import joined
 from proxy.rewrite import Pipeline, RewriteContext
-from proxy.rewrite.volatile import VolatileDetector
+from proxy.rewrite.detector import VolatileDetector
 from proxy.sessions import MemoryStore
 from proxy.tracker import SessionTracker
 from tests.unit.test_restore_carry import conversation, reply_of, steps

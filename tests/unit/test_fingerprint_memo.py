@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy import sessions
-from proxy.rewrite.volatile import DEFAULT_DETECTOR
+from proxy.rewrite.detector import DEFAULT_DETECTOR
 from tests.support.conversations import conversations
 
 TOOLS = st.lists(

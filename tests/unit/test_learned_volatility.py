@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.rewrite import learned
-from proxy.rewrite.volatile import DEFAULT_DETECTOR, NOTE_HEADER
+from proxy.rewrite.detector import DEFAULT_DETECTOR
+from proxy.rewrite.volatile import NOTE_HEADER
 from tests.unit.test_sessions import CodecStore, Proxy
 
 MASK = DEFAULT_DETECTOR.mask

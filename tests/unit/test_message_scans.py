@@ -19,8 +19,9 @@ from proxy.batching import steps_in_turn
 from proxy.history import head_key
 from proxy.known import Known
 from proxy.rewrite import volatile
+from proxy.rewrite.detector import DEFAULT_DETECTOR
 from proxy.rewrite.learned import SOURCE_ROLES
-from proxy.rewrite.volatile import DEFAULT_DETECTOR, _all_in
+from proxy.rewrite.volatile import _all_in
 from proxy.scans import replaced, with_role
 from proxy.sessions import Session
 from proxy.transcript import chain_keys, exact_chain, matched_messages

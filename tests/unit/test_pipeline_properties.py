@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from proxy import config, prefix
 from proxy.app import default_transforms
 from proxy.rewrite import Pipeline, RewriteContext
-from proxy.rewrite.volatile import DEFAULT_DETECTOR
+from proxy.rewrite.detector import DEFAULT_DETECTOR
 from proxy.sessions import Session
 from tests.support.conversations import (
     any_conversations,

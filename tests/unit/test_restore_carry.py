@@ -18,7 +18,7 @@ from proxy.bodies import BodyCache, Parsed
 from proxy.exchange import Exchange
 from proxy.metrics import Metrics
 from proxy.rewrite import Pipeline, RewriteContext, restore
-from proxy.rewrite.volatile import VolatileDetector
+from proxy.rewrite.detector import VolatileDetector
 from proxy.sessions import MemoryStore
 from proxy.tracker import SessionTracker
 

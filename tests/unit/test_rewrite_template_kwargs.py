@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from proxy import jsonio
 from proxy.rewrite import RewriteContext
+from proxy.rewrite.detector import DEFAULT_DETECTOR, VolatileDetector
 from proxy.rewrite.template_kwargs import pin_template_kwargs, pinnable
-from proxy.rewrite.volatile import DEFAULT_DETECTOR, VolatileDetector
 from proxy.sessions import Session
 from tests.support.conversations import any_conversations, conversations, is_valid_conversation
 

@@ -13,14 +13,8 @@ from proxy import jsonio
 from proxy.replay import profiles, traces
 from proxy.replay.profiles import Prompt
 from proxy.rewrite import RewriteContext
-from proxy.rewrite.volatile import (
-    DEFAULT_DETECTOR,
-    NOTE_HEADER,
-    PLACEHOLDER,
-    VolatileDetector,
-    move_volatile,
-    note_for,
-)
+from proxy.rewrite.detector import DEFAULT_DETECTOR, PLACEHOLDER, VolatileDetector
+from proxy.rewrite.volatile import NOTE_HEADER, move_volatile, note_for
 from tests.support.conversations import (
     any_conversations,
     conversations,

@@ -262,7 +262,7 @@ class Proxy:
         from proxy.app import default_transforms
         from proxy.metrics import Metrics
         from proxy.rewrite import Pipeline
-        from proxy.rewrite.volatile import VolatileDetector
+        from proxy.rewrite.detector import VolatileDetector
         from proxy.tracker import SessionTracker
 
         self.detector = VolatileDetector()

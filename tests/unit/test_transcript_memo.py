@@ -15,7 +15,7 @@ from proxy.bodies import BodyCache
 from proxy.known import STALE_HASHES, Known
 from proxy.replay import traces
 from proxy.replay.profiles import Prompt, mixed, varied_clocks
-from proxy.rewrite.volatile import DEFAULT_DETECTOR
+from proxy.rewrite.detector import DEFAULT_DETECTOR
 from proxy.transcript import (
     FLAT_MIN,
     Memo,
