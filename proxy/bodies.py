@@ -266,7 +266,9 @@ class BodyCache:
         if found is None:
             return Parsed(payload)
         opened, spans = found
-        parsed = Parsed(payload, spans, known=Known())
+        known = Known()
+        known.array = payload[self.array.key]
+        parsed = Parsed(payload, spans, known=known)
         return self._keep(group, body, parsed, _before(body[:opened], self.array.key, payload))
 
     def _extend(

@@ -124,8 +124,14 @@ def _replaced_by_block(now: list[Any], before: list[Any], block: int = BLOCK) ->
 
 
 def same_run(now: Sequence[Any], before: Sequence[Any], start: int, stop: int) -> int:
-    """How many of ``now[start:stop]`` are, one by one, the very objects of ``before``."""
-    stop = min(stop, len(now), len(before))
+    """How many of ``now[start:stop]`` are, one by one, the very objects of ``before``.
+    From the start to the shorter one's end, the lists are compared as they are: slices
+    would be copies, whose every item's count of references is raised and lowered again
+    (a long history's thousands of objects, spread over the heap: 20 us at 1,900)."""
+    shorter = min(len(now), len(before))
+    stop = min(stop, shorter)
+    if start == 0 and stop == shorter:
+        return next(replaced(now, before), stop)
     return next(replaced(now[start:stop], before[start:stop]), stop - start)
 
 

@@ -150,6 +150,32 @@ def test_replaced_by_block_is_the_walk_over_every_object(
     assert list(replaced(now * 40, before * 40)) == _walked(now * 40, before * 40)
 
 
+@given(runs, st.integers(-6, 6), st.integers(0, 60), st.integers(0, 80))
+@example([("same", 9)], 3, 0, 9)  # from the start to the shorter one's end: no slices
+@example([("same", 4), ("new", 1)], -2, 0, 80)
+def test_same_run_counts_the_very_objects_from_start_to_stop(
+    pattern: list[tuple[str, int]], longer_by: int, start: int, stop: int
+) -> None:
+    """scans.same_run: the leading objects of ``now[start:stop]`` that are ``before``'s at
+    the same places, whether or not it compares the lists without slicing them."""
+    kinds = [kind for kind, length in pattern for _ in range(length)]
+    before = [{"i": i} for i in range(len(kinds))]
+    now = [item if kind == "same" else dict(item) for kind, item in zip(kinds, before, strict=True)]
+    if longer_by > 0:
+        now += [{"extra": i} for i in range(longer_by)]
+    else:
+        del before[len(before) + longer_by :]
+    shorter = min(len(now), len(before))
+    start = min(start, shorter)  # as Memo.chain asks: start <= stop <= the shorter's end
+    stop = max(start, min(stop, shorter))
+    same = 0
+    for index in range(start, stop):
+        if now[index] is not before[index]:
+            break
+        same += 1
+    assert scans.same_run(now, before, start, stop) == same
+
+
 def test_lists_are_compared_by_address_on_cpython() -> None:
     """The block comparison is in use where the interpreter is CPython (else ``replaced``
     walks every pair, as it did): its addresses are ``id``'s."""
@@ -196,12 +222,16 @@ def test_scans_carried_from_request_to_request_are_the_full_scans(
     steps: list[tuple[str, int, list[Any], frozenset[str]]],
 ) -> None:
     """A request's scan that reuses the one before it (Known.with_role, carried on by
-    Known.continued as a continued body's is) finds what a scan of the whole list finds,
-    whatever changed between the two lists: the same objects, fewer, other ones, copies."""
+    Known.continued as a continued body's is, with the lead the body cache knows) finds what
+    a scan of the whole list finds, whatever changed between the two lists: the same
+    objects, fewer, other ones, copies."""
     known, messages = Known(), []
     for edit, at, new, roles in steps:
-        messages = _next_list(messages, edit, at, new)
-        known = known.continued(messages)
+        previous, messages = messages, _next_list(messages, edit, at, new)
+        # as the body cache says it: the previous array, and how many of its objects lead
+        known = known.continued(
+            messages, (), (previous, scans.same_run(messages, previous, 0, len(messages)))
+        )
         assert list(with_role(messages, roles, known, "client")) == with_role(messages, roles)
         # a second pass over the same list in the same request finds it all again
         assert list(with_role(messages, roles, known, "client")) == with_role(messages, roles)
@@ -233,6 +263,21 @@ def test_a_scan_carried_on_looks_only_at_the_new_messages() -> None:
     assert with_role(messages, systems) == []
 
 
+def test_a_list_changed_after_its_scan_is_scanned_again_unless_it_is_the_parsed_array() -> None:
+    """A scan keeps a copy of a list that is not the body's parsed array (a rewrite's list
+    may change after it), so the changed list is looked at again; the parsed array, which
+    the body cache shares and nothing changes, is kept as it is."""
+    users = frozenset({"user"})
+    array = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    known = Known().continued(array)
+    rewritten = list(array)
+    assert list(with_role(rewritten, users, known, "rewritten")) == [1]
+    rewritten[0] = {"role": "user", "content": "moved here"}
+    assert list(with_role(rewritten, users, known, "rewritten")) == [0, 1]
+    assert list(with_role(array, users, known, "client")) == [1]
+    assert known.scans["client"][0] is array
+
+
 def test_a_turn_finds_the_replaced_messages_of_a_list_once() -> None:
     """Turn.replaced_in: the splice, the compaction bound and the record ask for the same
     list; another list (equal values, other objects) is looked at afresh."""
@@ -257,6 +302,8 @@ def test_a_turn_says_whether_more_than_some_messages_were_replaced(
     if listed_first:
         turn.replaced_in(rewritten)
     assert turn.replaced_more_than(rewritten, count) == (sum(replaced_at) > count)
+    # whatever it kept for replaced_in is replaced_in's whole answer
+    assert turn.replaced_in(rewritten) == [i for i, swap in enumerate(replaced_at) if swap]
 
 
 well_formed = st.one_of(
