@@ -274,11 +274,17 @@ class Memo:
     def kept(self) -> dict[int, list[bytes | None]]:
         """The digests this request's messages used (and those of the previous request,
         for the messages whose links were carried, while that stays small): the next
-        request's ``previous``."""
+        request's ``previous``. The previous request's dict gets this one's in place, not
+        copied (a long history's thousands of entries a step): any request of the
+        conversation that still reads it finds the same digest for the same content."""
         if self._carried:
-            merged = {**self._previous, **self._seen}
-            if len(merged) <= 2 * self._messages + 64:
-                return merged
+            previous, seen = self._previous, self._seen
+            if type(previous) is not dict:
+                previous = dict(previous)
+            merged = len(previous) + sum(1 for content in seen if content not in previous)
+            if merged <= 2 * self._messages + 64:
+                previous.update(seen)
+                return previous
         return self._seen
 
 
@@ -300,8 +306,9 @@ class Memos:
     def keep(self, key: str, memo: Memo | None) -> None:
         if memo is None or not self._limit:
             return
+        held = len(self._memos.pop(key, {}))  # before kept() may add to that very dict
         kept = memo.kept()
-        self._held += len(kept) - len(self._memos.pop(key, {}))
+        self._held += len(kept) - held
         self._memos[key] = kept
         while self._held > self._limit and self._memos:
             self._held -= len(self._memos.popitem(last=False)[1])

@@ -19,6 +19,7 @@ from proxy.rewrite.detector import DEFAULT_DETECTOR
 from proxy.transcript import (
     FLAT_MIN,
     Memo,
+    Memos,
     chain_keys,
     exact_chain,
     exact_digest,
@@ -102,6 +103,28 @@ def test_chains_carried_from_the_previous_step_are_the_chains(
         assert chain_keys(messages, mask, memo) == chain_keys(messages, mask)
         assert exact_chain(messages, memo) == exact_chain(messages)
         digests, known = memo.kept(), known.continued(messages)
+
+
+@settings(max_examples=100, deadline=None)
+@given(sessions_of_steps(), st.integers(1, 80))
+def test_memos_hold_what_they_count_when_a_step_adds_to_the_digests_it_was_given(
+    steps: list[tuple[list[Any], Any]], limit: int
+) -> None:
+    """Memos.keep: a step's digests may be its previous step's dict with its own added in
+    place (Memo.kept); what the memos count as held stays what they hold, within the
+    limit, with another session's kept between."""
+    memos, known = Memos(limit), Known()
+    for number, (messages, mask) in enumerate(steps):
+        memo = Memo(memos.get("a"), known)
+        assert chain_keys(messages, mask, memo) == chain_keys(messages, mask)
+        assert exact_chain(messages, memo) == exact_chain(messages)
+        memos.keep("a", memo)
+        known = known.continued(messages)
+        other = Memo(memos.get("b"))
+        exact_chain(messages[: number + 1], other)
+        memos.keep("b", other)
+        held = memos._memos.values()
+        assert memos._held == sum(map(len, held)) <= limit
 
 
 def test_a_step_that_appends_takes_its_history_s_links_as_they_were() -> None:
