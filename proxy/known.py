@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 Hashes = dict[int, tuple[Any, int, list[bytes | None]]]
 # A chain worked out over a list of messages: (the list, what it was keyed with, the chain).
 Chain = tuple[Sequence[Any], Any, list[bytes]]
-# The scans of a list of messages for roles: (a copy of the list, the indices of the messages
-# with each set of roles looked for).
+# The scans of a list of messages for roles: (the list, if it is the parsed array, else a copy
+# of it; the indices of the messages with each set of roles looked for).
 Scan = tuple[list[Any], dict[frozenset[str], tuple[int, ...]]]
 # Content hashes of objects a conversation's requests no longer hold, kept at most (each
 # holds its object: a rewritten system prompt) before they are dropped (Known.continued).
