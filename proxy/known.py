@@ -90,8 +90,12 @@ class Known:
         before, by_roles = scan
         count = len(before)
         if len(messages) > count:
-            new = list(map(role, messages[count:]))
-            by_roles = {each: _found_after(old, count, new, each) for each, old in by_roles.items()}
+            new = [its if type(its) is str else None for its in map(role, messages[count:])]
+            present = set(new)  # most steps add no message of most of the roles looked for
+            by_roles = {
+                each: old if each.isdisjoint(present) else _found_after(old, count, new, each)
+                for each, old in by_roles.items()
+            }
             self.scans[name] = scan = (self._kept(messages), by_roles)
         known = by_roles.get(roles)
         if known is not None:
@@ -156,9 +160,8 @@ def _found_after(
     found: tuple[int, ...], count: int, new_roles: list[Any], roles: frozenset[str]
 ) -> tuple[int, ...]:
     """``found`` and the indices of the roles of ``new_roles`` (those of the messages after
-    the ``count`` scanned) that are among ``roles``."""
-    added = [count + i for i, its in enumerate(new_roles) if type(its) is str and its in roles]
-    return (*found, *added) if added else found
+    the ``count`` scanned, None where not a string) that are among ``roles``."""
+    return (*found, *[count + i for i, its in enumerate(new_roles) if its in roles])
 
 
 def _ids(elements: Sequence[Any], others: Iterable[Any]) -> set[int]:
