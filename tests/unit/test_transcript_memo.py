@@ -5,12 +5,13 @@ forwards byte-identical requests with memos on and off (issue 16's equivalence t
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from proxy import jsonio
+from proxy import jsonio, transcript
 from proxy.bodies import BodyCache
 from proxy.known import STALE_HASHES, Known
 from proxy.replay import traces
@@ -103,6 +104,14 @@ def test_chains_carried_from_the_previous_step_are_the_chains(
         assert chain_keys(messages, mask, memo) == chain_keys(messages, mask)
         assert exact_chain(messages, memo) == exact_chain(messages)
         digests, known = memo.kept(), known.continued(messages)
+
+
+@given(st.lists(st.binary(max_size=2048), max_size=4))
+def test_a_hash_is_blake2b_of_16_bytes_whatever_was_hashed_before(values: list[bytes]) -> None:
+    """transcript._hash copies a hasher set up once: the stored keys' format (BLAKE2b, 16
+    bytes) holds for each value, hashed after any others."""
+    for value in values:
+        assert transcript._hash(value) == hashlib.blake2b(value, digest_size=16).digest()
 
 
 @settings(max_examples=100, deadline=None)
