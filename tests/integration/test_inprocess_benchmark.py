@@ -1,0 +1,29 @@
+"""The in-process benchmark (tests/benchmarks/inprocess.py) measures both checkouts it is
+given, each in a process of its own that imports that checkout's proxy."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.benchmarks import inprocess
+
+
+def test_it_measures_this_checkout_and_a_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--requests", "20", "--warm", "10", "--repeats", "1", "--baseline", str(inprocess.ROOT)]
+    assert inprocess.main(args) == 0
+    printed = capsys.readouterr().out
+    medians = re.findall(r"^(baseline|proxy): median (\d+)", printed, re.MULTILINE)
+    assert [name for name, _ in medians] == ["baseline", "proxy"]
+    assert all(int(value) > 0 for _, value in medians)
+    assert re.search(r"^proxy / baseline: \d+\.\d\dx$", printed, re.MULTILINE)
+
+
+def test_a_checkout_that_cannot_serve_fails_the_run(tmp_path) -> None:
+    """A baseline whose proxy does not import is an error, not a figure."""
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "proxy" / "__init__.py").write_text("raise ImportError('broken checkout')\n")
+    args = ["--requests", "5", "--warm", "0", "--repeats", "1", "--baseline", str(tmp_path)]
+    with pytest.raises(RuntimeError, match="broken checkout"):
+        inprocess.main(args)
