@@ -93,18 +93,20 @@ def remember(
     shorter (compaction keeps its own record, proxy.compaction). ``forwarded_chain``:
     ``exact_chain(forwarded)``, if already computed; ``memo``: the conversation's digests;
     ``substituted``: ``substitutions`` of this request, if already worked out."""
-    keys = list(keys) if keys is not None else chain_keys(client_messages, mask)
+    # Read, never copied: a long history's keys and links are thousands a step.
+    keys = keys if keys is not None else chain_keys(client_messages, mask)
     if substituted is None:
         rewritten = forwarded if rewritten is None else rewritten
         substituted = substitutions(client_messages, rewritten, keys)
     session.substitute_all(substituted)
     if forwarded_chain is None or len(forwarded_chain) != len(forwarded):
         forwarded_chain = exact_chain(forwarded, memo)
-    chain = list(forwarded_chain)
+    replied: list[bytes] = []
     if reply is not None:
         session.substitute(next_key(keys[-1] if keys else None, reply, mask, memo), reply)
-        chain += exact_chain_after(chain[-1] if chain else None, [reply], memo)
-    session.last_chain = tuple(chain)
+        last = forwarded_chain[-1] if forwarded_chain else None
+        replied = exact_chain_after(last, [reply], memo)
+    session.last_chain = (*forwarded_chain, *replied)
     session.last_tools = tools_digest(tools)
     session.last_prompt_tokens = prompt_tokens
     session.last_completion_tokens = completion_tokens

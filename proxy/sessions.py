@@ -204,9 +204,9 @@ def fingerprint(
     forms = tool_forms.forms(tools) if isinstance(tools, list) else None
     # Every step of a conversation has the same head: its key is kept by the head's texts
     # and the tools' digest (encoding 20 KB of prompt and tools again was most of the cost).
-    texts = tuple(item for pair in head for item in pair)
+    texts = tuple(itertools.chain.from_iterable(head))
     memo = None
-    if all(type(item) is str for item in texts):
+    if set(map(type, texts)) <= {str}:  # all strings (without a generator: every request)
         memo = (texts, forms.digest if forms is not None else None)
         found = _fingerprints.get(memo)
         if found is not None:
