@@ -25,7 +25,7 @@ def pinnable(kwargs: Any, detector: VolatileDetector = DEFAULT_DETECTOR) -> dict
     """The part of a request's ``chat_template_kwargs`` a session should pin: the keys in
     ``VOLATILE_KEYS`` and any string value the detector finds volatile, except the
     ``CLIENT_SWITCHES``."""
-    if not isinstance(kwargs, Mapping):
+    if kwargs is None or not isinstance(kwargs, Mapping):  # None first: the ABC check is not free
         return {}
     return {
         key: value
@@ -42,7 +42,8 @@ def pin_template_kwargs(request: Request, context: RewriteContext) -> Request | 
     the request does not send are not added (the client chose the template's default)."""
     pinned = context.pinned_template_kwargs
     kwargs = request.get("chat_template_kwargs")
-    if not isinstance(pinned, Mapping) or not pinned or not isinstance(kwargs, dict):
+    # The cheap checks first (most sessions pin nothing): the ABC check runs Python code.
+    if not pinned or not isinstance(kwargs, dict) or not isinstance(pinned, Mapping):
         return None
     detector = (
         context.volatile if isinstance(context.volatile, VolatileDetector) else DEFAULT_DETECTOR
