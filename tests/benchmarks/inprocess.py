@@ -8,13 +8,15 @@ show a change of a few percent; it does not show what concurrency adds (queueing
 requests' work between a request's steps, cache misses among sessions in flight).
 
     python -m tests.benchmarks.inprocess --size 64k --requests 3200 --repeats 4 \\
-        [--baseline DIR] [--steps-per-session 16] [--step-bytes N] [--layout sdk]
+        [--baseline DIR] [--steps-per-session 16] [--step-bytes N] [--layout sdk] \\
+        [--set sessions=false ...]
 
 With ``--baseline`` (another checkout, e.g. a git worktree of the commit before a change),
 each repeat measures the baseline's proxy and this checkout's, one after the other, each
 in a fresh process that builds the same bodies (this checkout's overhead.AgentSessions),
 and the medians are compared. Joining each body from its steps is measured with it (a few
-us at 64 KB), the same for both.
+us at 64 KB), the same for both. ``--set SETTING=VALUE`` (repeatable, written as on the
+proxy's command line) measures both with a setting changed: what a feature costs.
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ async def measure(args: argparse.Namespace) -> float:
     from proxy import config, heap
     from proxy.app import create_app
 
-    settings = config.load({"upstream": args.upstream_url}, environ={})
+    overrides = dict(item.split("=", 1) for item in args.set)
+    settings = config.load({**overrides, "upstream": args.upstream_url}, environ={})
     app = create_app(settings, registry=CollectorRegistry())
     heap.reuse_freed_pages()  # as `prefill-proxy serve` sets the process up
     heap.settle()
@@ -138,6 +141,7 @@ def _child(directory: Path, args: argparse.Namespace, upstream_url: str) -> floa
 def _passed(args: argparse.Namespace) -> list[str]:
     passed = ["--size", args.size, "--requests", str(args.requests), "--warm", str(args.warm)]
     passed += ["--steps-per-session", str(args.steps_per_session), "--layout", args.layout]
+    passed += [part for item in args.set for part in ("--set", item)]
     return passed + (["--step-bytes", str(args.step_bytes)] if args.step_bytes else [])
 
 
@@ -152,9 +156,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--step-bytes", type=int, help="as overhead.py's (default size/64)")
     add("--layout", default="tools-first", choices=["tools-first", "sdk"])
     add("--baseline", type=Path, metavar="DIR", help="also measure the proxy of this checkout")
+    add(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="a proxy setting for every measurement, as on its command line (repeatable)",
+    )
     add("--upstream-url", help=argparse.SUPPRESS)
     add("--child", action="store_true", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for item in args.set:
+        if "=" not in item or not item.split("=", 1)[0]:
+            parser.error(f"--set takes SETTING=VALUE, got {item!r}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             for name, directory in targets:
                 figures[name].append(_child(directory, args, upstream.url))
-    print(f"CPU us a request, {args.size}, {args.requests} requests a repeat, one at a time")
+    heading = f"CPU us a request, {args.size}, {args.requests} requests a repeat, one at a time"
+    print(heading + (f", with {', '.join(args.set)}" if args.set else ""))
     for name, values in figures.items():
         listed = ", ".join(f"{value:.0f}" for value in values)
         print(f"{name}: median {statistics.median(values):.0f} ({listed})")

@@ -27,3 +27,21 @@ def test_a_checkout_that_cannot_serve_fails_the_run(tmp_path) -> None:
     args = ["--requests", "5", "--warm", "0", "--repeats", "1", "--baseline", str(tmp_path)]
     with pytest.raises(RuntimeError, match="broken checkout"):
         inprocess.main(args)
+
+
+def test_a_setting_reaches_the_measured_proxy(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--set`` changes the settings of the app each measuring process builds: a valid
+    one is measured and named, one the proxy refuses fails the run with its reason."""
+    args = ["--requests", "10", "--warm", "5", "--repeats", "1", "--set", "sessions=false"]
+    assert inprocess.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "one at a time, with sessions=false" in printed
+    assert re.search(r"^proxy: median \d+", printed, re.MULTILINE)
+    with pytest.raises(RuntimeError, match="session_store must be memory or redis"):
+        inprocess.main([*args[:6], "--set", "session_store=nowhere"])
+
+
+def test_a_setting_without_a_value_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        inprocess.parse_args(["--set", "sessions"])
+    assert "--set takes SETTING=VALUE" in capsys.readouterr().err
