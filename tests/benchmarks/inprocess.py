@@ -9,20 +9,26 @@ requests' work between a request's steps, cache misses among sessions in flight)
 
     python -m tests.benchmarks.inprocess --size 64k --requests 3200 --repeats 4 \\
         [--baseline DIR] [--steps-per-session 16] [--step-bytes N] [--layout sdk] \\
-        [--set sessions=false ...]
+        [--set sessions=false ...] [--versus sessions=false ...]
 
 With ``--baseline`` (another checkout, e.g. a git worktree of the commit before a change),
 each repeat measures the baseline's proxy and this checkout's, one after the other, each
 in a fresh process that builds the same bodies (this checkout's overhead.AgentSessions),
-and the medians are compared. Joining each body from its steps is measured with it (a few
-us at 64 KB), the same for both. ``--set SETTING=VALUE`` (repeatable, written as on the
-proxy's command line) measures both with a setting changed: what a feature costs.
+and the medians are compared. ``--set SETTING=VALUE`` (repeatable, written as on the
+proxy's command line) measures both with a setting changed. ``--versus SETTING=VALUE``
+(repeatable) measures, in each of those processes, a second app with that setting too,
+which gets each request right before or after the first: both over the same stretch of
+the machine's time, so their ratio holds still where separate runs drift by 10% (what a
+feature costs, to a percent). Two apps in one process share its caches, so each figure is
+higher than measured alone; a setting left as it is (``--versus sessions=true``) shows the
+ratio's floor.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import os
 import statistics
@@ -91,35 +97,56 @@ async def _post(app: Any, body: bytes) -> None:
         raise RuntimeError(f"the proxy answered {status}")
 
 
-async def measure(args: argparse.Namespace) -> float:
-    """CPU us a request of the app of the ``proxy`` package this process imports."""
+def _app(args: argparse.Namespace, overrides: list[str]) -> Any:
     from prometheus_client import CollectorRegistry
 
-    from proxy import config, heap
+    from proxy import config
     from proxy.app import create_app
 
-    overrides = dict(item.split("=", 1) for item in args.set)
-    settings = config.load({**overrides, "upstream": args.upstream_url}, environ={})
-    app = create_app(settings, registry=CollectorRegistry())
+    values = dict(item.split("=", 1) for item in overrides)
+    settings = config.load({**values, "upstream": args.upstream_url}, environ={})
+    return create_app(settings, registry=CollectorRegistry())
+
+
+async def measure(args: argparse.Namespace) -> list[float]:
+    """CPU us a request of the app of the ``proxy`` package this process imports; with
+    ``args.versus``, also of a second app with those settings too, which gets every request
+    right after or before the first (alternately: whichever goes first fills the process's
+    own caches), so both are measured over the same stretch of the machine's time."""
+    from proxy import heap
+
+    apps = [_app(args, args.set)]
+    if args.versus:
+        apps.append(_app(args, [*args.set, *args.versus]))
     heap.reuse_freed_pages()  # as `prefill-proxy serve` sets the process up
     heap.settle()
     bodies = _agent_sessions(args)
     sent = [0] * WORKERS
+    spent = [0.0] * len(apps)
 
     async def run(count: int) -> None:
         for number in range(count):
             worker = number % WORKERS
-            await _post(app, bodies.body(worker, sent[worker]))
+            body = bodies.body(worker, sent[worker])
             sent[worker] += 1
+            # Each session's steps go to the two apps in turn first (by the worker alone,
+            # one app would always be first for half the sessions: a 1.5% bias).
+            first = (number + number // WORKERS) % 2
+            for which in (first, 1 - first) if len(apps) == 2 else (0,):
+                started = time.thread_time()
+                await _post(apps[which], body)
+                spent[which] += time.thread_time() - started
 
-    async with app.router.lifespan_context(app):
+    async with contextlib.AsyncExitStack() as stack:
+        for app in apps:
+            await stack.enter_async_context(app.router.lifespan_context(app))
         await run(args.warm)
-        started = time.thread_time()
+        spent[:] = [0.0] * len(apps)
         await run(args.requests)
-        return (time.thread_time() - started) / args.requests * 1e6
+    return [each / args.requests * 1e6 for each in spent]
 
 
-def _child(directory: Path, args: argparse.Namespace, upstream_url: str) -> float:
+def _child(directory: Path, args: argparse.Namespace, upstream_url: str) -> list[float]:
     """``measure`` in a fresh process that imports ``proxy`` from ``directory``."""
     command = [
         sys.executable,
@@ -135,13 +162,14 @@ def _child(directory: Path, args: argparse.Namespace, upstream_url: str) -> floa
     )
     if done.returncode:
         raise RuntimeError(f"measuring {directory} failed:\n{done.stderr[-4000:]}")
-    return float(done.stdout.split()[-1])
+    return [float(figure) for figure in done.stdout.splitlines()[-1].split()]
 
 
 def _passed(args: argparse.Namespace) -> list[str]:
     passed = ["--size", args.size, "--requests", str(args.requests), "--warm", str(args.warm)]
     passed += ["--steps-per-session", str(args.steps_per_session), "--layout", args.layout]
     passed += [part for item in args.set for part in ("--set", item)]
+    passed += [part for item in args.versus for part in ("--versus", item)]
     return passed + (["--step-bytes", str(args.step_bytes)] if args.step_bytes else [])
 
 
@@ -163,12 +191,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="SETTING=VALUE",
         help="a proxy setting for every measurement, as on its command line (repeatable)",
     )
+    add(
+        "--versus",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="also measure, in the same processes, an app with this setting too (repeatable)",
+    )
     add("--upstream-url", help=argparse.SUPPRESS)
     add("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for item in args.set:
+    for item in [*args.set, *args.versus]:
         if "=" not in item or not item.split("=", 1)[0]:
-            parser.error(f"--set takes SETTING=VALUE, got {item!r}")
+            parser.error(f"--set and --versus take SETTING=VALUE, got {item!r}")
     return args
 
 
@@ -177,23 +212,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         import uvloop  # the loop `prefill-proxy serve` runs on
 
-        print(f"{uvloop.run(measure(args)):.1f}")
+        print(" ".join(f"{figure:.1f}" for figure in uvloop.run(measure(args))))
         return 0
     from tests.benchmarks.overhead import fast_upstream
 
     targets = [("proxy", ROOT)]
     if args.baseline:
         targets.insert(0, ("baseline", args.baseline.resolve()))
-    figures: dict[str, list[float]] = {name: [] for name, _ in targets}
+    versus = "versus " + ", ".join(args.versus)
+    figures: dict[str, list[float]] = {}
     with fast_upstream() as upstream:
         for _ in range(args.repeats):
             for name, directory in targets:
-                figures[name].append(_child(directory, args, upstream.url))
+                measured = _child(directory, args, upstream.url)
+                figures.setdefault(name, []).append(measured[0])
+                if args.versus:
+                    figures.setdefault(f"{name} {versus}", []).append(measured[1])
     heading = f"CPU us a request, {args.size}, {args.requests} requests a repeat, one at a time"
     print(heading + (f", with {', '.join(args.set)}" if args.set else ""))
     for name, values in figures.items():
         listed = ", ".join(f"{value:.0f}" for value in values)
         print(f"{name}: median {statistics.median(values):.0f} ({listed})")
+    for name, _ in targets if args.versus else ():
+        # Paired: each repeat's two figures come from one process, over the same requests.
+        ratios = [b / a for a, b in zip(figures[name], figures[f"{name} {versus}"], strict=True)]
+        listed = ", ".join(f"{ratio:.3f}" for ratio in ratios)
+        print(f"{name} {versus} / {name}: median {statistics.median(ratios):.3f}x ({listed})")
     if args.baseline:
         ratio = statistics.median(figures["proxy"]) / statistics.median(figures["baseline"])
         print(f"proxy / baseline: {ratio:.2f}x")

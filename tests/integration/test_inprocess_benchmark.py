@@ -44,4 +44,21 @@ def test_a_setting_reaches_the_measured_proxy(capsys: pytest.CaptureFixture[str]
 def test_a_setting_without_a_value_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         inprocess.parse_args(["--set", "sessions"])
-    assert "--set takes SETTING=VALUE" in capsys.readouterr().err
+    assert "--set and --versus take SETTING=VALUE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        inprocess.parse_args(["--versus", "=false"])
+
+
+def test_a_versus_setting_is_measured_beside_the_proxy(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--versus`` measures a second app in each measuring process, with the setting too:
+    both figures and their paired ratio are printed, and a setting the proxy refuses fails
+    the run with its reason (it reached the second app's settings)."""
+    args = ["--requests", "10", "--warm", "5", "--repeats", "2", "--versus", "sessions=false"]
+    assert inprocess.main(args) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^proxy: median \d+ \(\d+, \d+\)$", printed, re.MULTILINE)
+    assert re.search(r"^proxy versus sessions=false: median \d+ \(\d+, \d+\)$", printed, re.M)
+    ratio = r"^proxy versus sessions=false / proxy: median \d\.\d{3}x \(\d\.\d{3}, \d\.\d{3}\)$"
+    assert re.search(ratio, printed, re.MULTILINE)
+    with pytest.raises(RuntimeError, match="session_store must be memory or redis"):
+        inprocess.main([*args[:6], "--versus", "session_store=nowhere"])
