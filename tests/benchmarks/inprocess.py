@@ -8,20 +8,25 @@ show a change of a few percent; it does not show what concurrency adds (queueing
 requests' work between a request's steps, cache misses among sessions in flight).
 
     python -m tests.benchmarks.inprocess --size 64k --requests 3200 --repeats 4 \\
-        [--baseline DIR] [--steps-per-session 16] [--step-bytes N] [--layout sdk] \\
-        [--set sessions=false ...] [--versus sessions=false ...]
+        [--baseline DIR [--paired]] [--steps-per-session 16] [--step-bytes N] \\
+        [--layout sdk] [--set sessions=false ...] [--versus sessions=false ...]
+
+The cyclic collector's CPU is counted apart from the apps' (its own line): a collection
+runs for whichever request allocates past its threshold, so the two figures of one
+process would otherwise differ by where the rare full collections fall.
 
 With ``--baseline`` (another checkout, e.g. a git worktree of the commit before a change),
 each repeat measures the baseline's proxy and this checkout's, one after the other, each
 in a fresh process that builds the same bodies (this checkout's overhead.AgentSessions),
-and the medians are compared. ``--set SETTING=VALUE`` (repeatable, written as on the
-proxy's command line) measures both with a setting changed. ``--versus SETTING=VALUE``
-(repeatable) measures, in each of those processes, a second app with that setting too,
-which gets each request right before or after the first: both over the same stretch of
-the machine's time, so their ratio holds still where separate runs drift by 10% (what a
-feature costs, to a percent). Two apps in one process share its caches, so each figure is
-higher than measured alone; a setting left as it is (``--versus sessions=true``) shows the
-ratio's floor.
+and the medians are compared. ``--paired`` measures both in one process instead, each
+request sent to both, one right after the other: both over the same stretch of the
+machine's time, so their ratio holds to a few tenths of a percent (the same code against
+itself: 0.996-1.004) where separate processes drift by 10%. It cannot see a change to
+what the process shares (the collector's settings, proxy.heap). ``--set SETTING=VALUE``
+(repeatable, written as on the proxy's command line) measures with a setting changed;
+``--versus SETTING=VALUE`` (repeatable) pairs, in each process, a second app with that
+setting too: what a feature costs. Two apps in one process share its caches, so each
+figure is higher than measured alone.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib.util
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -97,53 +104,87 @@ async def _post(app: Any, body: bytes) -> None:
         raise RuntimeError(f"the proxy answered {status}")
 
 
-def _app(args: argparse.Namespace, overrides: list[str]) -> Any:
-    from prometheus_client import CollectorRegistry
+class _Collector:
+    """CPU seconds the cyclic collector spent (a gc.callbacks entry). A collection runs for
+    whichever request allocates past its threshold: with two apps in one process, a rare
+    full one (tens of ms) lands on one app or the other as the order of the requests falls,
+    a bias of 1.5% either way, so it is counted apart from both."""
 
-    from proxy import config
-    from proxy.app import create_app
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self._started = 0.0
 
-    values = dict(item.split("=", 1) for item in overrides)
-    settings = config.load({**values, "upstream": args.upstream_url}, environ={})
-    return create_app(settings, registry=CollectorRegistry())
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.spent += time.thread_time() - self._started
+
+
+def _app(args: argparse.Namespace, overrides: list[str], directory: Path | None = None) -> Any:
+    """The proxy's app with ``overrides``; ``directory``: of the ``proxy`` package in that
+    checkout, imported apart from any imported before (their modules stay with the apps
+    made of them)."""
+    if directory is not None:
+        for name in [name for name in sys.modules if name.partition(".")[0] == "proxy"]:
+            del sys.modules[name]
+        sys.path.insert(0, str(directory))
+    try:
+        from prometheus_client import CollectorRegistry
+
+        from proxy import config
+        from proxy.app import create_app
+
+        values = dict(item.split("=", 1) for item in overrides)
+        settings = config.load({**values, "upstream": args.upstream_url}, environ={})
+        return create_app(settings, registry=CollectorRegistry())
+    finally:
+        if directory is not None:
+            sys.path.remove(str(directory))
 
 
 async def measure(args: argparse.Namespace) -> list[float]:
-    """CPU us a request of the app of the ``proxy`` package this process imports; with
-    ``args.versus``, also of a second app with those settings too, which gets every request
-    right after or before the first (alternately: whichever goes first fills the process's
-    own caches), so both are measured over the same stretch of the machine's time."""
-    from proxy import heap
-
-    apps = [_app(args, args.set)]
+    """CPU us a request of the app of the ``proxy`` package this process imports, and last
+    the cyclic collector's (of all apps: see _Collector). With ``args.versus``, also of a
+    second app with those settings too; ``args.paired``, of the baseline's app first, then
+    this checkout's. The two get every request one right after the other, which goes first
+    drawn for each, so both are measured over the same stretch of the machine's time."""
+    if args.paired:
+        apps = [_app(args, args.set, args.baseline.resolve()), _app(args, args.set, ROOT)]
+    else:
+        apps = [_app(args, args.set)]
     if args.versus:
         apps.append(_app(args, [*args.set, *args.versus]))
+    from proxy import heap
+
     heap.reuse_freed_pages()  # as `prefill-proxy serve` sets the process up
     heap.settle()
     bodies = _agent_sessions(args)
     sent = [0] * WORKERS
     spent = [0.0] * len(apps)
+    order = random.Random(0)
+    collector = _Collector()
+    gc.callbacks.append(collector)
 
     async def run(count: int) -> None:
         for number in range(count):
             worker = number % WORKERS
             body = bodies.body(worker, sent[worker])
             sent[worker] += 1
-            # Each session's steps go to the two apps in turn first (by the worker alone,
-            # one app would always be first for half the sessions: a 1.5% bias).
-            first = (number + number // WORKERS) % 2
+            first = order.randrange(2)  # which app goes first (its work may end in the next)
             for which in (first, 1 - first) if len(apps) == 2 else (0,):
+                collected = collector.spent
                 started = time.thread_time()
                 await _post(apps[which], body)
-                spent[which] += time.thread_time() - started
+                spent[which] += time.thread_time() - started - (collector.spent - collected)
 
     async with contextlib.AsyncExitStack() as stack:
         for app in apps:
             await stack.enter_async_context(app.router.lifespan_context(app))
         await run(args.warm)
-        spent[:] = [0.0] * len(apps)
+        spent[:], collector.spent = [0.0] * len(apps), 0.0
         await run(args.requests)
-    return [each / args.requests * 1e6 for each in spent]
+    return [each / args.requests * 1e6 for each in (*spent, collector.spent)]
 
 
 def _child(directory: Path, args: argparse.Namespace, upstream_url: str) -> list[float]:
@@ -170,6 +211,8 @@ def _passed(args: argparse.Namespace) -> list[str]:
     passed += ["--steps-per-session", str(args.steps_per_session), "--layout", args.layout]
     passed += [part for item in args.set for part in ("--set", item)]
     passed += [part for item in args.versus for part in ("--versus", item)]
+    if args.paired:
+        passed += ["--paired", "--baseline", str(args.baseline.resolve())]
     return passed + (["--step-bytes", str(args.step_bytes)] if args.step_bytes else [])
 
 
@@ -184,6 +227,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--step-bytes", type=int, help="as overhead.py's (default size/64)")
     add("--layout", default="tools-first", choices=["tools-first", "sdk"])
     add("--baseline", type=Path, metavar="DIR", help="also measure the proxy of this checkout")
+    add(
+        "--paired",
+        action="store_true",
+        help="measure the baseline's app and this checkout's in the same processes",
+    )
     add(
         "--set",
         action="append",
@@ -201,6 +249,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--upstream-url", help=argparse.SUPPRESS)
     add("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.paired and (not args.baseline or args.versus):
+        parser.error("--paired takes --baseline, and not --versus")
     for item in [*args.set, *args.versus]:
         if "=" not in item or not item.split("=", 1)[0]:
             parser.error(f"--set and --versus take SETTING=VALUE, got {item!r}")
@@ -223,11 +273,19 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, list[float]] = {}
     with fast_upstream() as upstream:
         for _ in range(args.repeats):
+            if args.paired:  # one process, both apps
+                baseline, proxy, collector = _child(ROOT, args, upstream.url)
+                figures.setdefault("baseline", []).append(baseline)
+                figures.setdefault("proxy", []).append(proxy)
+                figures.setdefault("collector, both", []).append(collector)
+                continue
             for name, directory in targets:
-                measured = _child(directory, args, upstream.url)
+                *measured, collector = _child(directory, args, upstream.url)
                 figures.setdefault(name, []).append(measured[0])
                 if args.versus:
                     figures.setdefault(f"{name} {versus}", []).append(measured[1])
+                both = ", both" if args.versus else ""
+                figures.setdefault(f"{name} collector{both}", []).append(collector)
     heading = f"CPU us a request, {args.size}, {args.requests} requests a repeat, one at a time"
     print(heading + (f", with {', '.join(args.set)}" if args.set else ""))
     for name, values in figures.items():
@@ -238,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         ratios = [b / a for a, b in zip(figures[name], figures[f"{name} {versus}"], strict=True)]
         listed = ", ".join(f"{ratio:.3f}" for ratio in ratios)
         print(f"{name} {versus} / {name}: median {statistics.median(ratios):.3f}x ({listed})")
-    if args.baseline:
+    if args.paired:
+        ratios = [b / a for a, b in zip(figures["baseline"], figures["proxy"], strict=True)]
+        listed = ", ".join(f"{ratio:.3f}" for ratio in ratios)
+        print(f"proxy / baseline, paired: median {statistics.median(ratios):.3f}x ({listed})")
+    elif args.baseline:
         ratio = statistics.median(figures["proxy"]) / statistics.median(figures["baseline"])
         print(f"proxy / baseline: {ratio:.2f}x")
     return 0

@@ -4,6 +4,7 @@ given, each in a process of its own that imports that checkout's proxy."""
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 
@@ -62,3 +63,34 @@ def test_a_versus_setting_is_measured_beside_the_proxy(capsys: pytest.CaptureFix
     assert re.search(ratio, printed, re.MULTILINE)
     with pytest.raises(RuntimeError, match="session_store must be memory or redis"):
         inprocess.main([*args[:6], "--versus", "session_store=nowhere"])
+
+
+def test_paired_measures_both_checkouts_in_one_process(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--paired``: the baseline's app and this checkout's in one process, each made of its
+    own checkout's modules. The baseline here is a copy of this proxy whose ``create_app``
+    refuses a second app: made of its modules twice, the run fails."""
+    shutil.copytree(inprocess.ROOT / "proxy", tmp_path / "proxy")
+    with (tmp_path / "proxy" / "app.py").open("a") as app:
+        app.write(
+            "\n_made = []\n_create_app = create_app\n\n\n"
+            "def create_app(*args, **kwargs):\n"
+            "    if _made:\n"
+            "        raise RuntimeError('made of the baseline twice')\n"
+            "    _made.append(True)\n"
+            "    return _create_app(*args, **kwargs)\n"
+        )
+    args = ["--requests", "10", "--warm", "5", "--repeats", "2", "--baseline", str(tmp_path)]
+    assert inprocess.main([*args, "--paired"]) == 0
+    printed = capsys.readouterr().out
+    medians = re.findall(r"^(baseline|proxy|collector, both): median \d+", printed, re.M)
+    assert medians == ["baseline", "proxy", "collector, both"]
+    ratio = r"^proxy / baseline, paired: median \d\.\d{3}x \(\d\.\d{3}, \d\.\d{3}\)$"
+    assert re.search(ratio, printed, re.MULTILINE)
+
+
+def test_paired_needs_a_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        inprocess.parse_args(["--paired"])
+    assert "--paired takes --baseline" in capsys.readouterr().err
