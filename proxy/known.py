@@ -24,6 +24,10 @@ Chain = tuple[Sequence[Any], Any, list[bytes]]
 # The scans of a list of messages for roles: (the list, if it is the parsed array, else a copy
 # of it; the indices of the messages with each set of roles looked for).
 Scan = tuple[list[Any], dict[frozenset[str], tuple[int, ...]]]
+# A fingerprint worked out (proxy.sessions), by its form (with the first user message, with
+# the system prompt): (the tools, the messages up to the first user message, the mask, the
+# key), good for a request with those very objects.
+Head = tuple[Any, list[Any], Any, str]
 # Content hashes of objects a conversation's requests no longer hold, kept at most (each
 # holds its object: a rewritten system prompt) before they are dropped (Known.continued).
 STALE_HASHES = 32
@@ -52,6 +56,7 @@ class Known:
         "converted",
         "encoded",
         "hashes",
+        "heads",
         "lead",
         "restore_next",
         "scans",
@@ -73,6 +78,7 @@ class Known:
         self.lead: tuple[Sequence[Any], Sequence[Any], int] | None = None
         self.restore_next: Carried | None = None
         self.encoded: Encoded | None = None
+        self.heads: dict[tuple[bool, bool], Head] = {}
 
     def with_role(self, name: str, messages: list[Any], roles: frozenset[str]) -> Sequence[int]:
         """``with_role(messages, roles)``, looked for only past the list named ``name`` (the
@@ -150,6 +156,7 @@ class Known:
         # request may continue the same body (proxy.bodies keeps it then).
         known = Known(hashes, dict(self.chains), converted, dict(self.scans))
         known.restore_next, known.encoded = self.restore_next, self.encoded
+        known.heads = dict(self.heads)
         known.array = elements
         if lead is not None:
             known.lead = (elements, *lead)

@@ -17,11 +17,15 @@ import itertools
 import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy import jsonio, tool_forms
 from proxy.compaction.state import Compaction
+from proxy.scans import starts_with
 from proxy.transcript import Mask
+
+if TYPE_CHECKING:
+    from proxy.known import Known
 
 SESSION_HEADER = "x-session-id"
 # Per session, the substitutions kept (oldest dropped first): a long agent session makes
@@ -163,10 +167,15 @@ class Session:
 
 
 def identify(
-    headers: Mapping[str, str], request: Mapping[str, Any], mask: Mask, conversation: str = ""
+    headers: Mapping[str, str],
+    request: Mapping[str, Any],
+    mask: Mask,
+    conversation: str = "",
+    known: Known | None = None,
 ) -> tuple[str, str]:
     """(session key, where it came from: header, user, prompt_cache_key, conversation (a
-    Responses API conversation id) or fingerprint)."""
+    Responses API conversation id) or fingerprint). ``known``: what the request knows of its
+    messages (proxy.known), where the fingerprint of the request it continues is."""
     explicit = headers.get(SESSION_HEADER)
     if explicit:
         return "h:" + explicit, "header"
@@ -176,20 +185,36 @@ def identify(
             return f"{field[0]}:{value}", field
     if conversation:
         return "c:" + conversation, "conversation"
-    return "f:" + fingerprint(request, mask), "fingerprint"
+    return "f:" + fingerprint(request, mask, known=known), "fingerprint"
 
 
 def fingerprint(
-    request: Mapping[str, Any], mask: Mask, *, with_user: bool = True, with_system: bool = True
+    request: Mapping[str, Any],
+    mask: Mask,
+    *,
+    with_user: bool = True,
+    with_system: bool = True,
+    known: Known | None = None,
 ) -> str:
     """The conversation's stable head as a key. ``with_user=False``: only the system prompt
     and tools, the prefix a family of conversations shares (proxy.engines places a family
     together, so its shared prefix is computed once). ``with_system=False``: only tools and
-    the first user message (the alias of a conversation whose system prompt changes)."""
+    the first user message (the alias of a conversation whose system prompt changes).
+    ``known``: what the request knows of its messages; a request whose messages up to the
+    first user message are those of the one it continues (its very objects, compared in
+    C: scans.starts_with), with its very tools, has that one's key (parsed values are never
+    changed in place: proxy.known)."""
     messages = request.get("messages")
     messages = messages if isinstance(messages, list) else []
+    tools = request.get("tools")
+    forms = (with_user, with_system)
+    was = known.heads.get(forms) if known is not None else None
+    # (the mask: a bound method, equal each time but not the same object)
+    if was and was[0] is tools and was[2] == mask and starts_with(messages, was[1]):
+        return was[3]
     head: list[Any] = []
-    for message in messages:
+    end = 0  # the messages up to the first user message, where there is one
+    for index, message in enumerate(messages):
         if not isinstance(message, dict):
             continue
         role, content = message.get("role"), message.get("content")
@@ -199,8 +224,15 @@ def fingerprint(
         elif role == "user":
             if with_user:
                 head.append(["user", content])
+            end = index + 1
             break
-    tools = request.get("tools")
+    key = _fingerprint(head, tools)
+    if known is not None and end:
+        known.heads[forms] = (tools, messages[:end], mask, key)
+    return key
+
+
+def _fingerprint(head: list[Any], tools: Any) -> str:
     forms = tool_forms.forms(tools) if isinstance(tools, list) else None
     # Every step of a conversation has the same head: its key is kept by the head's texts
     # and the tools' digest (encoding 20 KB of prompt and tools again was most of the cost).

@@ -124,7 +124,7 @@ class SessionTracker:
         if not isinstance(messages, list):
             return None
         try:
-            key, source = identify(headers, request, self.detector.key, conversation)
+            key, source = identify(headers, request, self.detector.key, conversation, known)
             if source == "fingerprint" and chained_to:  # the session that answered it
                 pointer = await self.store.get(RESPONSE_PREFIX + chained_to)
                 key = pointer.alias_of if pointer and pointer.alias_of else "q:" + chained_to

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from proxy import prefix
 from proxy.compaction.state import Compaction
+from proxy.known import Known
 from proxy.rewrite import RewriteContext
 from proxy.rewrite.restore import restore_history
-from proxy.sessions import MemoryStore, Session, identify
+from proxy.sessions import MemoryStore, Session, fingerprint, identify
 from proxy.transcript import chain_keys, exact_chain
 from tests.support.stores import CodecStore
 
@@ -149,6 +150,42 @@ def test_identity_order_header_user_cache_key_fingerprint() -> None:
     assert identify({}, {"messages": [tomorrow, USER, EMITTED]}, mask)[0] == key
     other_task = {"role": "user", "content": "Cancel my flight."}
     assert identify({}, {"messages": [SYSTEM, other_task]}, mask)[0] != key
+
+
+def test_a_continuing_request_takes_the_fingerprint_known_of_its_head() -> None:
+    """With ``known`` (proxy.known), a request whose messages up to the first user message
+    and tools are those the fingerprint was worked out for takes its key from there, as
+    worked out (a marked key shows which); another first user message, other tools,
+    another mask or a shorter list is worked out again."""
+    tools = [{"type": "function", "function": {"name": "get_reservation", "parameters": {}}}]
+    messages = [SYSTEM, USER, EMITTED, RESULT]
+    known = Known()
+    key = fingerprint({"messages": messages[:2], "tools": tools}, mask, known=known)
+    assert key == fingerprint({"messages": messages[:2], "tools": tools}, mask)
+    following = known.continued(messages)
+    assert fingerprint({"messages": messages, "tools": tools}, mask, known=following) == key
+    head = following.heads[(True, True)]
+    following.heads[(True, True)] = (*head[:3], "marked")
+    assert fingerprint({"messages": messages, "tools": tools}, mask, known=following) == "marked"
+    other_task = {"role": "user", "content": "Cancel my flight."}
+    other_tools = [{**tools[0], "function": {"name": "cancel", "parameters": {}}}]
+    for request, its_mask in [
+        ({"messages": [SYSTEM, other_task, *messages[2:]], "tools": tools}, mask),
+        ({"messages": messages, "tools": other_tools}, mask),
+        ({"messages": messages, "tools": tools}, str.upper),
+        ({"messages": messages[:1], "tools": tools}, mask),
+    ]:
+        following.heads[(True, True)] = (*head[:3], "marked")
+        found = fingerprint(request, its_mask, known=following)
+        assert found == fingerprint(request, its_mask) != "marked"
+    # The alias form (no system prompt) is carried apart from the session key's.
+    alias = fingerprint({"messages": messages, "tools": tools}, mask, with_system=False)
+    assert (
+        fingerprint(
+            {"messages": messages, "tools": tools}, mask, with_system=False, known=following
+        )
+        == alias
+    )
 
 
 def test_memory_store_is_bounded_by_count_and_idle_time() -> None:
