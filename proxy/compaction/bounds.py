@@ -55,20 +55,18 @@ def bounded_below(
     cheaper bound first: the body's, unless the rewrites replaced many messages (a client
     that sends every reply back re-encoded has each one restored: 1,700 at 1 MB, whose
     bytes took 0.86 ms), then the engine's, whose cost grows with the new messages."""
-    bounds = [
-        lambda: _below_by_bytes(state, turn, messages, budget, turn.replaced_in(messages)),
-        lambda: _below_by_engine_count(state, turn, messages, budget, tools),
-    ]
+    first, then = _below_by_bytes, _below_by_engine_count
     if turn.replaced_more_than(messages, FEW_REPLACED):
-        bounds.reverse()
-    return any(bound() for bound in bounds)
+        first, then = then, first
+    return first(state, turn, messages, budget, tools) or then(state, turn, messages, budget, tools)
 
 
 def _below_by_bytes(
-    state: Compaction, turn: Turn, messages: list[Any], budget: Budget, replaced_at: list[int]
+    state: Compaction, turn: Turn, messages: list[Any], budget: Budget, tools: Any
 ) -> bool:
-    """The body's bytes, the replaced messages' and the framing (``bounded_below``)."""
-    rewritten = sum(_utf8_bytes(messages[index]) for index in replaced_at)
+    """The body's bytes, the replaced messages' and the framing (``bounded_below``; the
+    tools are in the body's bytes)."""
+    rewritten = sum(_utf8_bytes(messages[index]) for index in turn.replaced_in(messages))
     bound = turn.body_bytes + rewritten + REWRITE_MARGIN + len(messages) * PER_MESSAGE
     return bound * max(state.ratio, 1.0) <= budget.soft
 

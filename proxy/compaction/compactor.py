@@ -90,10 +90,19 @@ class Compactor:
         self.metrics = metrics
         self.mask = mask
         self.warmer = warmer
+        self._budgets: dict[int, Budget] = {}  # by context limit: a few models at most
 
     @property
     def sizer(self) -> Sizer:
         return self.planner.sizer
+
+    def _budget(self, limit: int) -> Budget:
+        """The watermarks for ``limit``, worked out once (a frozen dataclass made per
+        request was half of what a request far below them cost here)."""
+        budget = self._budgets.get(limit)
+        if budget is None:
+            budget = self._budgets[limit] = Budget.of(limit, self.settings)
+        return budget
 
     def close(self) -> None:
         """Cancel the summaries still being written (at shutdown)."""
@@ -114,7 +123,7 @@ class Compactor:
         limit = await self.limits.get(model)
         if limit is None:
             return request
-        budget = Budget.of(limit, self.settings)
+        budget = self._budget(limit)
         session = turn.session
         state = session.compaction
         if state is None:
@@ -202,7 +211,7 @@ class Compactor:
         pending = self.summaries.get(turn.session.key)
         if limit is None or pending is None or not pending.succeeded:
             return
-        budget = Budget.of(limit, self.settings)
+        budget = self._budget(limit)
         if predicted <= budget.high:
             return
         aligned = turn.rewritten_messages or turn.forwarded_messages
