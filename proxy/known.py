@@ -26,7 +26,7 @@ Chain = tuple[Sequence[Any], Any, list[bytes]]
 Scan = tuple[list[Any], dict[frozenset[str], tuple[int, ...]]]
 # A fingerprint worked out (proxy.sessions), by its form (with the first user message, with
 # the system prompt): (the tools, the messages up to the first user message, the mask, the
-# key), good for a request with those very objects.
+# key), good for a request with those tools (the very object) and messages.
 Head = tuple[Any, list[Any], Any, str]
 # Content hashes of objects a conversation's requests no longer hold, kept at most (each
 # holds its object: a rewritten system prompt) before they are dropped (Known.continued).
@@ -41,13 +41,13 @@ class Known:
     parsed ones (``converted``: the chat messages of Responses items, by the id of what they
     were made from, kept with it), the latest scans of each list the request's passes look
     through for roles (``scans``, by the list's name), history restoration's result for the
-    next request (``restore_next``), and the array of messages it forwarded, where that is
-    kept (``encoded``, proxy.encoded). ``array``: the request's parsed array, where the body
-    cache parsed it: the cache shares it with the request that continues the body, so it
-    is never changed, and a scan keeps it as it is. ``lead``: (that array, the one it
-    continues, how many leading elements of the first are the second's very objects), where
-    the body cache knows it: a chain or scan over that array does not check those one by
-    one."""
+    next request (``restore_next``), the array of messages it forwarded, where that is kept
+    (``encoded``, proxy.encoded), and its session fingerprints (``heads``). ``array``: the
+    request's parsed array, where the body cache parsed it: the cache shares it with the
+    request that continues the body, so it is never changed, and a scan keeps it as it is.
+    ``lead``: (that array, the one it continues, how many leading elements of the first are
+    the second's very objects), where the body cache knows it: a chain or scan over that
+    array does not check those one by one."""
 
     __slots__ = (
         "array",
