@@ -257,6 +257,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _print_ratios(label: str, first: list[float], second: list[float]) -> None:
+    """Each repeat's ratio of ``second`` to ``first``, two figures of one process over the
+    same requests, and their median."""
+    ratios = [b / a for a, b in zip(first, second, strict=True)]
+    listed = ", ".join(f"{ratio:.3f}" for ratio in ratios)
+    print(f"{label}: median {statistics.median(ratios):.3f}x ({listed})")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
@@ -292,14 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         listed = ", ".join(f"{value:.0f}" for value in values)
         print(f"{name}: median {statistics.median(values):.0f} ({listed})")
     for name, _ in targets if args.versus else ():
-        # Paired: each repeat's two figures come from one process, over the same requests.
-        ratios = [b / a for a, b in zip(figures[name], figures[f"{name} {versus}"], strict=True)]
-        listed = ", ".join(f"{ratio:.3f}" for ratio in ratios)
-        print(f"{name} {versus} / {name}: median {statistics.median(ratios):.3f}x ({listed})")
+        _print_ratios(f"{name} {versus} / {name}", figures[name], figures[f"{name} {versus}"])
     if args.paired:
-        ratios = [b / a for a, b in zip(figures["baseline"], figures["proxy"], strict=True)]
-        listed = ", ".join(f"{ratio:.3f}" for ratio in ratios)
-        print(f"proxy / baseline, paired: median {statistics.median(ratios):.3f}x ({listed})")
+        _print_ratios("proxy / baseline, paired", figures["baseline"], figures["proxy"])
     elif args.baseline:
         ratio = statistics.median(figures["proxy"]) / statistics.median(figures["baseline"])
         print(f"proxy / baseline: {ratio:.2f}x")
