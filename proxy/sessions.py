@@ -207,8 +207,8 @@ def fingerprint(
     messages = request.get("messages")
     messages = messages if isinstance(messages, list) else []
     tools = request.get("tools")
-    forms = (with_user, with_system)
-    was = known.heads.get(forms) if known is not None else None
+    form = (with_user, with_system)
+    was = known.heads.get(form) if known is not None else None
     # (the mask: a bound method, equal each time but not the same object)
     if was and was[0] is tools and was[2] == mask and starts_with(messages, was[1]):
         return was[3]
@@ -228,7 +228,7 @@ def fingerprint(
             break
     key = _fingerprint(head, tools)
     if known is not None and end:
-        known.heads[forms] = (tools, messages[:end], mask, key)
+        known.heads[form] = (tools, messages[:end], mask, key)
     return key
 
 
