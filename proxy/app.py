@@ -210,7 +210,9 @@ def create_app(
             await engines.resolve()
         probing = asyncio.create_task(engines.run(_prober(upstream)))
         trimming = asyncio.create_task(heap.trim_every())
-        yield
+        pauses = metrics.gc_pauses
+        with heap.pauses_observed(lambda generation, s: pauses.labels(str(generation)).observe(s)):
+            yield
         probing.cancel()
         trimming.cancel()
         if metrics_server is not None:

@@ -32,9 +32,11 @@ app) and collects the young generation every YOUNG_THRESHOLD allocations instead
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import gc
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 TRIM_INTERVAL_S = 10.0
 YOUNG_THRESHOLD = 10_000
@@ -92,3 +94,34 @@ def settle(young: int = YOUNG_THRESHOLD) -> None:
     current, middle, old = gc.get_threshold()
     if current:  # 0: the collector is off, and stays so
         gc.set_threshold(max(current, young), middle, old)
+
+
+class _Pauses:
+    """A gc.callbacks entry: each collection's wall time, to ``observe(generation, seconds)``.
+    The collector runs on the thread that allocated past its threshold, the event loop's:
+    nothing else runs meanwhile."""
+
+    __slots__ = ("_observe", "_started")
+
+    def __init__(self, observe: Callable[[int, float], None]) -> None:
+        self._observe = observe
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self._observe(info["generation"], time.perf_counter() - self._started)
+
+
+@contextlib.contextmanager
+def pauses_observed(observe: Callable[[int, float], None]) -> Iterator[None]:
+    """``observe(generation, seconds)`` after each collection of the cyclic collector, in
+    this process, while in the block (2: a full collection, which walks every object the
+    proxy holds: its sessions, its kept bodies)."""
+    pauses = _Pauses(observe)
+    gc.callbacks.append(pauses)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(pauses)

@@ -64,6 +64,8 @@ OVERHEAD_BUCKETS = (
     0.5,
 )
 
+# A young collection: a few ms at c=64; a full one walks every object the proxy holds.
+GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 TOKEN_BUCKETS = tuple(2.0**n for n in range(8, 19))  # 256 .. 262144 tokens
 COUNT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
@@ -225,6 +227,15 @@ class Metrics:
             "prefill_proxy_body_cache_bytes",
             "Bytes of recent request bodies kept so that a conversation's next step is "
             "parsed only from where it is new (bounded by body_cache_bytes).",
+            registry=registry,
+        )
+        self.gc_pauses = Histogram(
+            "prefill_proxy_gc_pause_seconds",
+            "Runs of the process's cyclic garbage collector, by generation (2: a full "
+            "collection, which walks every object the proxy holds), each of which stops the "
+            "event loop.",
+            ("generation",),
+            buckets=GC_BUCKETS,
             registry=registry,
         )
         self.body_parses = Counter(

@@ -1,9 +1,13 @@
-"""proxy.heap: the trim gives freed heap pages back (on glibc, which this suite runs on)."""
+"""proxy.heap: the trim gives freed heap pages back (on glibc, which this suite runs on);
+the collector is set for serving and its pauses observed."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+
+from proxy import heap
 
 # In a fresh interpreter: megabyte buffers freed after glibc raised its mmap threshold
 # stay in the heap, between small buffers still in use, until the trim.
@@ -98,3 +102,19 @@ def test_freed_buffers_are_reused_without_faulting_their_pages_in_again() -> Non
     default, reused = _faults_per_request("default"), _faults_per_request("set")
     assert default > 500, default  # 3 MB a request given back and faulted in (768 pages)
     assert reused < 20, reused
+
+
+def test_each_collection_in_the_block_is_observed_by_generation() -> None:
+    seen: list[tuple[int, float]] = []
+    enabled = gc.isenabled()
+    gc.disable()  # only the collections asked for below
+    try:
+        with heap.pauses_observed(lambda generation, seconds: seen.append((generation, seconds))):
+            gc.collect(0)
+            gc.collect(2)
+        gc.collect(1)  # after the block: not observed
+    finally:
+        if enabled:
+            gc.enable()
+    assert [generation for generation, _ in seen] == [0, 2]
+    assert all(0 <= seconds < 60 for _, seconds in seen)
