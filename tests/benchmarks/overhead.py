@@ -56,6 +56,8 @@ class Batch:
     # Its minor page faults: freed buffers' pages given back and faulted in again by the
     # next request show here (proxy.heap), and they can double the CPU at 1 MB.
     faults: int | None = None
+    # What the target's cyclic collector took meanwhile (a proxy's /metrics says).
+    collector_s: float | None = None
     untimed: int = 0  # requests sent but not timed (a session's first)
 
 
@@ -71,6 +73,7 @@ class Target:
     # Per cell: requests each worker has sent (its sessions go on from round to round).
     sent: dict[int, int] = dataclasses.field(default_factory=dict)
     cells: int = 0  # cells measured so far: a cell's workers start sessions of their own
+    proxy: bool = False  # a prefill-proxy: its /metrics are read around each batch
 
 
 def request_body(stream: bool) -> bytes:
@@ -269,12 +272,31 @@ async def run_batch(
             if think_s:
                 await asyncio.sleep(think_s)
 
+    paused = await _collector_s(session, target)  # read outside the CPU counted below
     before, started = _usage(target.pid), time.perf_counter()
     await asyncio.gather(*(worker(index) for index in range(concurrency)))
     batch.elapsed = time.perf_counter() - started
     if before is not None and (after := _usage(target.pid)) is not None:
         batch.cpu_s, batch.faults = after[0] - before[0], after[1] - before[1]
+    if paused is not None and (now := await _collector_s(session, target)) is not None:
+        batch.collector_s = now - paused
     return batch
+
+
+async def _collector_s(session: aiohttp.ClientSession, target: Target) -> float | None:
+    """Seconds a proxy's cyclic collector has run, all generations (its /metrics:
+    prefill_proxy_gc_pause_seconds); None for another target, or a proxy without it."""
+    if not target.proxy:
+        return None
+    async with session.get(target.url + "/metrics") as response:
+        text = await response.text()
+    if "# TYPE prefill_proxy_gc_pause_seconds histogram" not in text:
+        return None  # an older proxy (a --baseline)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("prefill_proxy_gc_pause_seconds_sum{")
+    )
 
 
 def warm_up_requests(concurrency: int) -> int:
@@ -343,6 +365,9 @@ def summarize(target: Target, metric: str) -> dict[str, Any]:
     if len(cpus) == len(target.batches):
         result["cpu_ms_per_request"] = sum(cpus) / count * 1000
         result["faults_per_request"] = sum(b.faults or 0 for b in target.batches) / count
+    paused = [b.collector_s for b in target.batches if b.collector_s is not None]
+    if len(paused) == len(target.batches):
+        result["collector_ms_per_request"] = sum(paused) / count * 1000
     if own := [v for b in target.batches for v in b.own_overhead_ms]:
         result["own_overhead_header_p50_ms"] = percentile(own, 50)
     return result
@@ -378,16 +403,23 @@ def markdown(rows: list[dict]) -> str:
     lines = ["| " + columns.replace("|", " | ") + " |", "|---" * (columns.count("|") + 1) + "|"]
     for r in rows:
         d, p, rounds = r["direct"], r["proxy"], r["added_p50_by_round_ms"]
-        cpu = p.get("cpu_ms_per_request")
         cells = [r["mode"], r["concurrency"], r["metric"], f"{d['p50_ms']:.2f}"]
         cells += [f"{d['p99_ms']:.2f}", f"{p['p50_ms']:.2f}", f"{p['p99_ms']:.2f}"]
         cells += [f"**{r['added_p50_ms']:+.2f}**", f"{r['added_p99_ms']:+.2f}"]
         cells += [f"{min(rounds):+.2f} .. {max(rounds):+.2f}"]
         cells += [f"{d['req_per_s']:,.0f} / {p['req_per_s']:,.0f}"]
-        cells += ["-" if cpu is None else f"{cpu:.2f} ms"]
+        cells += [_cpu(p)]
         cells += [_faults(p)]
         lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     return "\n".join(lines)
+
+
+def _cpu(summary: dict[str, Any]) -> str:
+    """CPU a request, and what of it the cyclic collector took, where known."""
+    cpu, collector = summary.get("cpu_ms_per_request"), summary.get("collector_ms_per_request")
+    if cpu is None:
+        return "-"
+    return f"{cpu:.2f} ms" if collector is None else f"{cpu:.2f} ms (collector {collector:.3f})"
 
 
 def _faults(summary: dict[str, Any]) -> str:
@@ -841,7 +873,7 @@ def main() -> int:
         else:
             wait_ready(proxy_url.rstrip("/") + "/health", None)
         direct = Target("direct", upstream_url.rstrip("/"), None)
-        others = [Target("proxy", proxy_url.rstrip("/"), proxy_pid)]
+        others = [Target("proxy", proxy_url.rstrip("/"), proxy_pid, proxy=True)]
         if args.baseline:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
@@ -849,7 +881,7 @@ def main() -> int:
             process = stack.enter_context(
                 spawn(command, url + "/ready", cwd=str(args.baseline.resolve()))
             )
-            others.insert(0, Target("baseline", url, process.pid))
+            others.insert(0, Target("baseline", url, process.pid, proxy=True))
         if args.passthrough:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
