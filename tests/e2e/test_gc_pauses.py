@@ -18,7 +18,7 @@ from tests.support.servers import serve
 FULL = {"generation": "2"}
 
 
-def test_a_full_collection_is_one_more_pause_of_generation_2(fake_upstream: FakeUpstream) -> None:
+def test_a_full_collection_shows_as_a_pause_of_generation_2(fake_upstream: FakeUpstream) -> None:
     registry = CollectorRegistry()
     settings = config.load({"upstream": fake_upstream.url}, environ={})
     callbacks = len(gc.callbacks)
