@@ -210,8 +210,9 @@ def create_app(
             await engines.resolve()
         probing = asyncio.create_task(engines.run(_prober(upstream)))
         trimming = asyncio.create_task(heap.trim_every())
-        pauses = metrics.gc_pauses
-        with heap.pauses_observed(lambda generation, s: pauses.labels(str(generation)).observe(s)):
+        # Each generation's series from the start: a rate over them reads 0, not nothing.
+        pauses = [metrics.gc_pauses.labels(str(generation)) for generation in range(3)]
+        with heap.pauses_observed(lambda generation, s: pauses[generation].observe(s)):
             yield
         probing.cancel()
         trimming.cancel()
