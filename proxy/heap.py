@@ -98,8 +98,9 @@ def settle(young: int = YOUNG_THRESHOLD) -> None:
 
 class _Pauses:
     """A gc.callbacks entry: each collection's wall time, to ``observe(generation, seconds)``.
-    The collector runs on the thread that allocated past its threshold, the event loop's:
-    nothing else runs meanwhile."""
+    The collector runs on whichever thread allocated past its threshold (the event loop's,
+    now and then the trim's) and holds the GIL throughout: nothing else runs meanwhile, and
+    two collections never overlap."""
 
     __slots__ = ("_observe", "_started")
 
